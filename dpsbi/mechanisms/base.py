@@ -1,0 +1,112 @@
+"""The interface every privacy mechanism implements."""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+from torch import Tensor
+
+
+def open_unit(u: Tensor) -> Tensor:
+    """Clamp uniforms into the open interval (0, 1) so that inverse CDFs stay finite."""
+    tiny = torch.finfo(u.dtype).tiny
+    return u.clamp(min=tiny, max=1.0 - torch.finfo(u.dtype).eps / 2)
+
+
+def as_float(s: Tensor) -> Tensor:
+    """Return ``s`` as a floating tensor (integer counts become the default float dtype)."""
+    return s if s.is_floating_point() else s.to(torch.get_default_dtype())
+
+
+def check_positive(name: str, value: float) -> float:
+    """Raise a ``ValueError`` naming ``name`` unless ``value`` is a finite positive number."""
+    value = float(value)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return value
+
+
+class Mechanism(abc.ABC):
+    """A curator's privacy mechanism ``y ~ eta(. | s)`` on a ``dim``-dimensional statistic.
+
+    Every mechanism is also a deterministic map ``y = G(s, u)`` of uniforms
+    ``u in (0, 1)^noise_dim`` (its inverse CDF), which lets RQMC integrate over the noise.
+    Batch shapes of ``s`` and ``u`` broadcast: ``s`` of shape ``(N, 1, dim)`` with ``u`` of shape
+    ``(N, M, noise_dim)`` gives releases of shape ``(N, M, dim)``.
+    """
+
+    def __init__(self, dim: int, epsilon: float, delta: float = 0.0) -> None:
+        if int(dim) < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim}")
+        self.dim = int(dim)
+        self.epsilon = check_positive("epsilon", epsilon)
+        if not 0.0 <= delta < 1.0:
+            raise ValueError(f"delta must lie in [0, 1), got {delta}")
+        self.delta = float(delta)
+
+    @property
+    def noise_dim(self) -> int:
+        """Number of uniforms that ``G`` consumes per release."""
+        return self.dim
+
+    @abc.abstractmethod
+    def transform(self, s: Tensor, u: Tensor) -> Tensor:
+        """``G(s, u)``: releases of shape ``broadcast(s, u)[:-1] + (dim,)`` from uniforms in (0, 1)."""
+
+    @abc.abstractmethod
+    def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        """Exact ``log eta(y | s)`` summed over coordinates; shape ``broadcast(y, s)[:-1]``."""
+
+    @abc.abstractmethod
+    def max_log_prob(self, y: Tensor) -> Tensor:
+        """An upper bound of ``sup_s log eta(y | s)`` of shape ``y.shape[:-1]`` (for rejection ABC)."""
+
+    def in_support(self, y: Tensor) -> Tensor:
+        """Boolean tensor of shape ``y.shape[:-1]``: whether each release can be produced."""
+        return torch.isfinite(y).all(-1)
+
+    def sample(
+        self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Releases for confidential statistics ``s`` of shape ``(..., dim)``.
+
+        With ``u`` (shape ``(..., noise_dim)``, values in [0, 1)) the map is deterministic, which is
+        what RQMC uses; without it, fresh uniforms come from ``generator``.
+        """
+        self._check_last_dim("s", s, self.dim)
+        s = as_float(s)
+        if u is None:
+            u = torch.rand(
+                s.shape[:-1] + (self.noise_dim,), generator=generator, device=s.device, dtype=s.dtype
+            )
+        else:
+            self._check_last_dim("u", u, self.noise_dim)
+            u = u.to(device=s.device, dtype=s.dtype)
+        return self.transform(s, open_unit(u))
+
+    def validate_release(self, y: Tensor) -> Tensor:
+        """Return ``y`` as a ``(n, dim)`` float tensor, or raise ``ValueError`` naming the problem."""
+        y = torch.as_tensor(y, dtype=torch.get_default_dtype()) if not torch.is_tensor(y) else as_float(y)
+        if y.ndim == 1:
+            y = y.unsqueeze(0)
+        if y.ndim != 2 or y.shape[-1] != self.dim:
+            raise ValueError(
+                f"release must have shape (n, {self.dim}) for {type(self).__name__}, got {tuple(y.shape)}"
+            )
+        bad = ~self.in_support(y)
+        if bad.any():
+            rows = bad.nonzero().flatten().tolist()[:5]
+            raise ValueError(
+                f"release rows {rows} lie outside the support of {self!r}: e.g. {y[rows[0]].tolist()}"
+            )
+        return y
+
+    def _check_last_dim(self, name: str, x: Tensor, expected: int) -> None:
+        if x.ndim == 0 or x.shape[-1] != expected:
+            raise ValueError(
+                f"{name} must have last dimension {expected} for {type(self).__name__}, got shape {tuple(x.shape)}"
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g})"

@@ -1,0 +1,87 @@
+"""The Gaussian mechanism with classic, analytic and Gaussian-DP calibration."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from scipy.optimize import brentq
+from scipy.stats import norm
+from torch import Tensor
+
+from .base import Mechanism, check_positive
+
+
+def classic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
+    """Dwork & Roth (Thm. A.1): ``sigma = Delta_2 sqrt(2 log(1.25 / delta)) / epsilon``, valid for epsilon < 1."""
+    if epsilon >= 1:
+        raise ValueError(
+            f"classic Gaussian calibration needs epsilon < 1 (got {epsilon}); use calibration='analytic'"
+        )
+    return sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+
+
+def analytic_delta(mu: float, epsilon: float) -> float:
+    """Exact delta(epsilon) of a Gaussian mechanism with ``mu = Delta_2 / sigma`` (Balle & Wang 2018)."""
+    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
+
+
+def analytic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
+    """Smallest sigma whose Gaussian mechanism is exactly (epsilon, delta)-DP."""
+    mu = brentq(lambda m: analytic_delta(m, epsilon) - delta, 1e-8, 1e4, xtol=1e-14)
+    return sensitivity / mu
+
+
+class Gaussian(Mechanism):
+    """``y = s + sigma * N(0, I)``.
+
+    Calibrated from ``(epsilon, delta)`` and the L2 ``sensitivity`` with ``calibration='classic'``
+    (Dwork & Roth, epsilon < 1) or ``'analytic'`` (exact, any epsilon); :meth:`gdp` builds the
+    ``mu``-Gaussian-DP form ``sigma = sensitivity / mu``.
+    """
+
+    def __init__(
+        self,
+        epsilon: float,
+        delta: float,
+        sensitivity: float,
+        dim: int = 1,
+        calibration: str = "analytic",
+    ) -> None:
+        super().__init__(dim, epsilon, delta)
+        if not 0 < delta < 1:
+            raise ValueError(f"the Gaussian mechanism needs 0 < delta < 1, got {delta}")
+        self.sensitivity = check_positive("sensitivity", sensitivity)
+        calibrators = {"classic": classic_sigma, "analytic": analytic_sigma}
+        if calibration not in calibrators:
+            raise ValueError(f"unknown calibration {calibration!r}; choose one of {sorted(calibrators)}")
+        self.sigma = calibrators[calibration](self.epsilon, self.delta, self.sensitivity)
+        self.mu = self.sensitivity / self.sigma
+
+    @classmethod
+    def gdp(cls, mu: float, sensitivity: float, dim: int = 1, delta: float = 1e-6) -> "Gaussian":
+        """The ``mu``-GDP mechanism ``sigma = sensitivity / mu``; ``epsilon`` is its exact value at ``delta``."""
+        mu = check_positive("mu", mu)
+        if analytic_delta(mu, 1e-12) <= delta:
+            raise ValueError(f"a {mu}-GDP mechanism is already (0, {delta})-DP; choose a smaller delta")
+        epsilon = brentq(lambda e: analytic_delta(mu, e) - delta, 1e-12, 1e4, xtol=1e-14)
+        mech = cls(epsilon, delta, sensitivity, dim, calibration="analytic")
+        mech.mu, mech.sigma = mu, mech.sensitivity / mu
+        return mech
+
+    def transform(self, s: Tensor, u: Tensor) -> Tensor:
+        return s + self.sigma * math.sqrt(2.0) * torch.erfinv(2 * u - 1)
+
+    def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        z = (y - s) / self.sigma
+        return (-0.5 * z**2 - math.log(self.sigma) - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def max_log_prob(self, y: Tensor) -> Tensor:
+        value = -self.dim * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+        return torch.full(y.shape[:-1], value, dtype=y.dtype, device=y.device)
+
+    def __repr__(self) -> str:
+        return (
+            f"Gaussian(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g}, "
+            f"sensitivity={self.sensitivity:g}, sigma={self.sigma:g}, mu={self.mu:g})"
+        )

@@ -1,0 +1,44 @@
+"""The inference tasks of the papers: ``dpsbi.tasks.load(name, epsilon=..., **overrides)``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .base import Task
+
+_REGISTRY: dict[str, Callable[..., Task]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
+    """Decorator adding a task factory under ``name``."""
+
+    def add(factory: Callable[..., Task]) -> Callable[..., Task]:
+        if name in _REGISTRY:
+            raise ValueError(f"task {name!r} is registered twice")
+        _REGISTRY[name] = factory
+        return factory
+
+    return add
+
+
+def names() -> list[str]:
+    """Names of all registered tasks."""
+    return sorted(_REGISTRY)
+
+
+def load(name: str, **kwargs) -> Task:
+    """Build task ``name``; keyword arguments (``epsilon``, ``y_obs``, ``seed``, constants) go to its factory."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(names())}")
+    try:
+        task = _REGISTRY[name](**kwargs)
+    except TypeError as error:  # an unknown keyword: name it with the task
+        raise ValueError(f"task {name!r}: {error}") from None
+    if task.y_obs is not None:
+        task.y_obs = task.check_release(task.y_obs)
+    return task
+
+
+from . import conjugate_gaussian, naive_bayes, poisson_counts, regression, sir  # noqa: E402,F401  (registration)
+
+__all__ = ["Task", "load", "names", "register"]

@@ -1,0 +1,149 @@
+"""The task: prior, confidential-data simulator, summary statistic, mechanism and observed release."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.distributions import Distribution, Transform, identity_transform
+
+from ..mechanisms import Mechanism
+
+Simulator = Callable[[Tensor, "torch.Generator | None"], Tensor]
+
+
+@dataclass
+class Task:
+    """A private-data inference problem.
+
+    ``simulator(theta, generator)`` maps parameters ``(n, dim_theta)`` to confidential summaries
+    ``(n, dim_s)``; the curator's release is ``mechanism.sample(s)``. ``transform`` maps the
+    unconstrained space ``R^dim_unconstrained`` onto the prior's support (flows work there).
+    """
+
+    name: str
+    prior: Distribution
+    simulator: Simulator
+    mechanism: Mechanism
+    epsilon: float
+    y_obs: Tensor | None = None
+    true_theta: Tensor | None = None
+    s_obs: Tensor | None = None
+    transform: Transform = field(default_factory=lambda: identity_transform)
+    parameter_names: list[str] = field(default_factory=list)
+    #: False for data that were not produced by ``mechanism`` (real outbreaks): methods that need
+    #: ``mechanism.log_prob(y_obs, s)`` refuse such a task.
+    release_from_mechanism: bool = True
+    #: Exact posterior at a release, where one is known in closed form (test oracle).
+    exact_posterior: Callable[[Tensor], Distribution] | None = None
+    description: str = ""
+
+    @property
+    def dim_theta(self) -> int:
+        """Dimension of a parameter vector in the prior's space."""
+        return int(self.prior.event_shape[0])
+
+    @property
+    def dim_unconstrained(self) -> int:
+        """Dimension of the unconstrained space the flows work in."""
+        return int(self.transform.inv.forward_shape(self.prior.event_shape)[0])
+
+    @property
+    def dim_s(self) -> int:
+        """Dimension of the confidential summary and of the release."""
+        return self.mechanism.dim
+
+    def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Confidential summaries ``(n, dim_s)`` for parameters ``(n, dim_theta)``; errors on NaN or bad shapes."""
+        theta = self.check_theta(theta)
+        s = self.simulator(theta, generator)
+        if s.shape != (theta.shape[0], self.dim_s):
+            raise RuntimeError(
+                f"task {self.name!r}: simulator returned shape {tuple(s.shape)}, expected {(theta.shape[0], self.dim_s)}"
+            )
+        bad = ~torch.isfinite(s).all(-1)
+        if bad.any():
+            rows = bad.nonzero().flatten()[:5].tolist()
+            raise RuntimeError(
+                f"task {self.name!r}: simulator returned NaN/inf for theta rows {rows}, e.g. theta={theta[rows[0]].tolist()}"
+            )
+        return s
+
+    def release(self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """Releases ``mechanism.sample(s, u)`` for confidential summaries ``s``."""
+        return self.mechanism.sample(s, u, generator=generator)
+
+    def simulate_release(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Releases ``(n, dim_s)`` for parameters ``(n, dim_theta)``: simulator, then mechanism."""
+        return self.release(self.simulate(theta, generator), generator=generator)
+
+    def check_theta(self, theta: Tensor) -> Tensor:
+        """Return ``theta`` as ``(n, dim_theta)`` or raise ``ValueError`` naming the problem."""
+        if not torch.is_tensor(theta):
+            theta = torch.as_tensor(theta, dtype=torch.get_default_dtype())
+        if theta.ndim != 2 or theta.shape[-1] != self.dim_theta:
+            raise ValueError(f"task {self.name!r}: theta must have shape (n, {self.dim_theta}), got {tuple(theta.shape)}")
+        support = self.prior.support
+        inside = support.check(theta)
+        if support.event_dim == 0:
+            inside = inside.all(-1)
+        if not bool(inside.all()):
+            row = (~inside).nonzero().flatten()[0].item()
+            raise ValueError(f"task {self.name!r}: theta row {row} lies outside the prior's support: {theta[row].tolist()}")
+        return theta
+
+    def check_release(self, y: Tensor) -> Tensor:
+        """Return a release as ``(n, dim_s)``, or raise ``ValueError`` (wrong shape, outside the mechanism's support)."""
+        if not self.release_from_mechanism:
+            y = torch.as_tensor(y, dtype=torch.get_default_dtype())
+            y = y.unsqueeze(0) if y.ndim == 1 else y
+            if y.ndim != 2 or y.shape[-1] != self.dim_s:
+                raise ValueError(f"task {self.name!r}: release must have shape (n, {self.dim_s}), got {tuple(y.shape)}")
+            return y
+        return self.mechanism.validate_release(y)
+
+    def require_mechanism_release(self, method: str) -> None:
+        """Raise if ``method`` needs ``log eta(y_obs | s)`` but ``y_obs`` did not come from the mechanism."""
+        if not self.release_from_mechanism:
+            raise ValueError(
+                f"{method} evaluates the mechanism's density at y_obs, but task {self.name!r} holds observed "
+                "data that are not a release of its mechanism; use a simulation-based method (SPPE, SPLE, SMC-ABC)"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Task({self.name!r}, epsilon={self.epsilon:g}, dim_theta={self.dim_theta}, dim_s={self.dim_s}, "
+            f"mechanism={self.mechanism!r})"
+        )
+
+
+
+def observed_release(
+    name: str,
+    epsilon: float,
+    y_obs: Tensor | list | str | None,
+    stored: dict[float, list[float]],
+    simulate: Callable[[torch.Generator], Tensor],
+    seed: int = 0,
+) -> Tensor | None:
+    """The task's observed release as ``(1, dim_s)``.
+
+    ``y_obs=None`` takes the release stored for ``epsilon`` (the papers' values); a tensor or list is
+    the user's own release; ``"simulate"`` draws one from the true parameter with ``seed``.
+    """
+    if isinstance(y_obs, str):
+        if y_obs != "simulate":
+            raise ValueError(f"task {name!r}: y_obs must be a release, None or 'simulate', got {y_obs!r}")
+        return simulate(torch.Generator().manual_seed(seed))
+    if y_obs is not None:
+        return torch.as_tensor(y_obs, dtype=torch.get_default_dtype()).reshape(1, -1)
+    for eps, values in stored.items():
+        if abs(eps - epsilon) <= 1e-9 * max(1.0, eps):
+            return torch.tensor([values], dtype=torch.get_default_dtype())
+    known = ", ".join(f"{e:g}" for e in stored) or "none"
+    raise ValueError(
+        f"task {name!r} has no stored release at epsilon={epsilon:g} (stored: {known}); "
+        "pass y_obs=<your release> or y_obs='simulate'"
+    )

@@ -1,0 +1,85 @@
+"""Gong's Example 4: a Poisson count released with Laplace noise; its exact posterior is a Gamma mixture."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.distributions import Categorical, ExpTransform, Gamma, Independent, MixtureSameFamily
+
+from ..mechanisms import Laplace
+from . import register
+from .base import Task, observed_release
+
+STORED = {0.2: [37.4]}
+
+
+def _weights(y: float, shape: float, rate: float, scale: float, s_max: int) -> tuple[Tensor, Tensor]:
+    """Counts ``s = 0..s_max`` and their posterior probabilities given release ``y``."""
+    s = torch.arange(s_max + 1, dtype=torch.float64)
+    q = 1 / (1 + rate)  # s ~ NegBin(shape, q): the prior predictive of a Poisson-Gamma count
+    log_marginal = torch.lgamma(shape + s) - math.lgamma(shape) - torch.lgamma(s + 1) + shape * math.log1p(-q) + s * math.log(q)
+    logw = log_marginal - (y - s).abs() / scale
+    return s, torch.softmax(logw, 0)
+
+
+def exact_posterior(y: Tensor, epsilon: float = 0.2, shape: float = 25.0, rate: float = 1.0) -> MixtureSameFamily:
+    """Exact ``p(theta | y)``: the mixture over counts s of ``Gamma(shape + s, rate + 1)`` with weights
+    ``p(s) Lap(y - s)``. The sum is truncated where the weights fall below 1e-300. Event shape ``(1,)``."""
+    y0 = float(torch.as_tensor(y).reshape(-1)[0])
+    scale = 1.0 / epsilon
+    s_max = int(max(y0, 0) + 60 * scale + 10 * shape / rate + 200)
+    s, w = _weights(y0, shape, rate, scale, s_max)
+    keep = w > 1e-300
+    dtype = torch.get_default_dtype()
+    components = Independent(Gamma((shape + s[keep]).to(dtype)[:, None], torch.full((int(keep.sum()), 1), rate + 1.0, dtype=dtype)), 1)
+    return MixtureSameFamily(Categorical(probs=w[keep].to(dtype)), components)
+
+
+def exact_log_likelihood(theta: Tensor, y: Tensor, epsilon: float = 0.2) -> Tensor:
+    """``log p(y | theta) = log sum_s Pois(s; theta) Lap(y - s; 1/epsilon)`` for theta of shape ``(n, 1)``; shape ``(n,)``."""
+    y0 = float(torch.as_tensor(y).reshape(-1)[0])
+    scale = 1.0 / epsilon
+    theta = theta.double().reshape(-1, 1)
+    s_max = int(max(y0, 0) + 60 * scale + theta.max().item() + 20 * math.sqrt(theta.max().item() + 1) + 50)
+    s = torch.arange(s_max + 1, dtype=torch.float64)
+    log_pois = s * torch.log(theta) - theta - torch.lgamma(s + 1)
+    log_lap = -(y0 - s).abs() / scale - math.log(2 * scale)
+    return torch.logsumexp(log_pois + log_lap, dim=-1)
+
+
+@register("poisson_counts")
+def make(
+    epsilon: float = 0.2,
+    y_obs=None,
+    seed: int = 0,
+    shape: float = 25.0,
+    rate: float = 1.0,
+    true_theta: float = 25.0,
+) -> Task:
+    """``theta ~ Gamma(shape, rate)``, ``s ~ Poisson(theta)``, Laplace noise of sensitivity 1."""
+    dtype = torch.get_default_dtype()
+    prior = Independent(Gamma(torch.tensor([shape], dtype=dtype), torch.tensor([rate], dtype=dtype)), 1)
+    mechanism = Laplace(epsilon, sensitivity=1.0, dim=1)
+    theta_true = torch.tensor([[true_theta]], dtype=dtype)
+
+    def simulator(theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        return torch.poisson(theta, generator=generator)
+
+    def simulate_obs(generator: torch.Generator) -> Tensor:
+        return mechanism.sample(simulator(theta_true, generator), generator=generator)
+
+    return Task(
+        name="poisson_counts",
+        prior=prior,
+        simulator=simulator,
+        mechanism=mechanism,
+        epsilon=epsilon,
+        y_obs=observed_release("poisson_counts", epsilon, y_obs, STORED, simulate_obs, seed),
+        true_theta=theta_true if isinstance(y_obs, str) else None,
+        transform=ExpTransform(),
+        parameter_names=["theta"],
+        exact_posterior=lambda y: exact_posterior(y, epsilon, shape, rate),
+        description="Gong (Ex. 4): Poisson count with Laplace noise; exact posterior is a Gamma mixture.",
+    )

@@ -1,0 +1,135 @@
+"""Stochastic SIR epidemic released through the binomial curve mechanism (main paper, Sec. 4)."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+from torch import Tensor
+from torch.distributions import MultivariateNormal
+
+from ..mechanisms import BinomialCurve
+from . import register
+from .base import Task, observed_release
+
+TIMES = [17.0 * i for i in range(10)]
+TRUE_THETA = [-0.5, -3.0]
+STORED = {
+    10.0: [0.0010, 0.0310, 0.6140, 0.2630, 0.1230, 0.0470, 0.0180, 0.0090, 0.0050, 0.0030],
+    1.0: [0.0120, 0.0150, 0.7020, 0.3130, 0.1380, 0.0530, 0.0370, 0.0120, 0.0160, 0.0130],
+    0.1: [0.0750, 0.0850, 0.6820, 0.3120, 0.2240, 0.1130, 0.1120, 0.0930, 0.0810, 0.0860],
+}
+#: Observed infected fractions of real outbreaks (not releases of the mechanism).
+OUTBREAKS = {
+    "influenza": [0.0010, 0.0039, 0.0105, 0.0367, 0.0996, 0.2910, 0.3840, 0.3368, 0.3106, 0.2516],
+    "ebola_guinea": [0.0010, 0.01105, 0.008450, 0.01290, 0.05095, 0.05200, 0.02240, 0.02115, 0.008350, 0.002250],
+    "ebola_liberia": [0.0010, 0.00065, 0.001850, 0.06635, 0.2579, 0.07415, 0.06100, 0.05420, 0.01720, 0.0003],
+    "ebola_sierra_leone": [0.0010, 0.0079, 0.0434, 0.2156, 0.2054, 0.09275, 0.05485, 0.03655, 0.0237, 0.0232],
+    "covid_clark": [0.0010, 0.02812, 0.05655, 0.09776, 0.2108, 0.2443, 0.2574, 0.08640, 0.04337, 0.02629],
+}
+
+
+def _simulator(population: int, initial_infected: int, times: list[float], method: str):
+    """The confidential summary: infected counts at ``times`` from the exact or tau-leaping simulator."""
+    from .. import simulators  # numba compiles on first use only
+
+    methods = {"exact": simulators.simulate_sir, "tau_leap": simulators.tau_leap_sir}
+    if method not in methods:
+        raise ValueError(f"unknown SIR simulator {method!r}; choose one of {sorted(methods)}")
+    fn = partial(methods[method], population=population, initial_infected=initial_infected, times=times)
+
+    def simulate(theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        return fn(theta, generator=generator)
+
+    return simulate
+
+
+def _make(
+    name: str,
+    epsilon: float | None,
+    y_obs,
+    seed: int,
+    stored: dict[float, list[float]],
+    prior_mean: list[float],
+    prior_var: list[float],
+    population: int,
+    trials: int,
+    pseudo_count: float | None,
+    initial_infected: int,
+    times: list[float] | None,
+    simulator: str,
+    true_theta: list[float] | None,
+    release_from_mechanism: bool,
+) -> Task:
+    dtype = torch.get_default_dtype()
+    times = list(TIMES if times is None else times)
+    prior = MultivariateNormal(torch.tensor(prior_mean, dtype=dtype), torch.diag(torch.tensor(prior_var, dtype=dtype)))
+    mechanism = BinomialCurve(trials, population, len(times), epsilon=None if pseudo_count else epsilon, pseudo_count=pseudo_count)
+    simulate = _simulator(population, initial_infected, times, simulator)
+    theta_true = torch.tensor([true_theta], dtype=dtype) if true_theta is not None else None
+
+    def simulate_obs(generator: torch.Generator) -> Tensor:
+        if theta_true is None:
+            raise ValueError(f"task {name!r} has no true parameter to simulate a release from")
+        return mechanism.sample(simulate(theta_true, generator), generator=generator)
+
+    return Task(
+        name=name,
+        prior=prior,
+        simulator=simulate,
+        mechanism=mechanism,
+        epsilon=mechanism.target_epsilon if epsilon is None else epsilon,
+        y_obs=observed_release(name, mechanism.target_epsilon if epsilon is None else epsilon, y_obs, stored, simulate_obs, seed),
+        true_theta=theta_true,
+        parameter_names=["log_beta", "log_gamma"],
+        release_from_mechanism=release_from_mechanism,
+        description=f"Stochastic SIR (K={population}), theta=(log beta, log gamma), binomial curve release (N={trials}).",
+    )
+
+
+@register("sir")
+def make(
+    epsilon: float = 10.0,
+    y_obs=None,
+    seed: int = 0,
+    population: int = 1_000_000,
+    trials: int = 1000,
+    initial_infected: int = 1,
+    times: list[float] | None = None,
+    simulator: str = "exact",
+) -> Task:
+    """SIR with prior ``N((log 0.4, log 0.125), diag(0.5, 0.2))``, true theta (-0.5, -3), M = T N / epsilon."""
+    return _make(
+        "sir", epsilon, y_obs, seed, STORED, [math.log(0.4), math.log(0.125)], [0.5, 0.2],
+        population, trials, None, initial_infected, times, simulator, TRUE_THETA, True,
+    )
+
+
+def _outbreak(key: str):
+    def make_outbreak(
+        epsilon: float | None = None,
+        y_obs=None,
+        seed: int = 0,
+        population: int = 100_000,
+        trials: int = 100,
+        pseudo_count: float = 100.0,
+        initial_infected: int = 1,
+        times: list[float] | None = None,
+        simulator: str = "exact",
+    ) -> Task:
+        """A real outbreak's infected fractions with the paper's settings (prior N((-2, -3), I), N = M = 100,
+        K = 10^5). The data are observed fractions, not mechanism releases; ``epsilon`` is implied by M."""
+        if epsilon is not None:
+            raise ValueError(f"task 'sir_{key}' has its privacy level fixed by pseudo_count; pass pseudo_count, not epsilon")
+        given = y_obs is not None
+        return _make(
+            f"sir_{key}", None, y_obs if given else OUTBREAKS[key], seed, {}, [-2.0, -3.0], [1.0, 1.0],
+            population, trials, pseudo_count, initial_infected, times, simulator, None, given,
+        )
+
+    return make_outbreak
+
+
+for _key in OUTBREAKS:
+    register(f"sir_{_key}")(_outbreak(_key))
