@@ -23,7 +23,7 @@ def classic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
 
 def analytic_delta(mu: float, epsilon: float) -> float:
     """Exact delta(epsilon) of a Gaussian mechanism with ``mu = Delta_2 / sigma`` (Balle & Wang 2018)."""
-    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
+    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
 
 
 def analytic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:

@@ -1,0 +1,158 @@
+"""Mechanisms: inverse-CDF maps reproduce their distributions, densities are normalized, DP holds."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpsbi.mechanisms import BinomialCurve, Gaussian, Laplace, RandomizedResponse, binomial_icdf
+from dpsbi.mechanisms.gaussian import analytic_delta
+
+torch.set_default_dtype(torch.float64)
+SEED = 1234
+
+
+def draws(mech, s, n, seed=SEED):
+    g = torch.Generator().manual_seed(seed)
+    return mech.sample(s.expand(n, mech.dim), generator=g)
+
+
+def test_laplace_inverse_cdf_matches_distribution():
+    mech = Laplace(epsilon=0.5, sensitivity=2.0, dim=1)
+    y = draws(mech, torch.tensor([3.0]), 20000)
+    assert stats.kstest(y[:, 0].numpy(), stats.laplace(loc=3.0, scale=4.0).cdf).pvalue > 1e-3
+
+
+def test_gaussian_inverse_cdf_matches_distribution():
+    mech = Gaussian(epsilon=1.0, delta=1e-5, sensitivity=1.0)
+    y = draws(mech, torch.tensor([-1.0]), 20000)
+    assert stats.kstest(y[:, 0].numpy(), stats.norm(loc=-1.0, scale=mech.sigma).cdf).pvalue > 1e-3
+
+
+def test_binomial_curve_matches_binomial_chi_square():
+    mech = BinomialCurve(trials=50, population=1000, dim=3, epsilon=5.0)
+    s = torch.tensor([0.0, 400.0, 1000.0])
+    k = (draws(mech, s, 40000) * 50).round().long()
+    p = mech.probability(s).numpy()
+    for t in range(3):
+        observed = np.bincount(k[:, t].numpy(), minlength=51)
+        expected = 40000 * stats.binom.pmf(np.arange(51), 50, p[t])
+        keep = expected > 5  # pool the sparse tail cells
+        obs = np.append(observed[keep], observed[~keep].sum())
+        exp = np.append(expected[keep], expected[~keep].sum())
+        chi2 = ((obs - exp) ** 2 / np.maximum(exp, 1e-12)).sum()
+        assert stats.chi2.sf(chi2, len(obs) - 1) > 1e-3
+
+
+def test_randomized_response_flip_rate():
+    mech = RandomizedResponse(epsilon=1.0, dim=4)
+    s = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    y = draws(mech, s, 20000)
+    flips = int((y != s).sum())
+    p_flip = 1 / (1 + math.e)
+    assert stats.binomtest(flips, y.numel(), p_flip).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000])
+def test_binomial_icdf_equals_scipy(n):
+    g = torch.Generator().manual_seed(n)
+    u = torch.rand(5000, generator=g)
+    p = torch.rand(5000, generator=g) * 0.9999 + 1e-5
+    assert np.array_equal(binomial_icdf(u, n, p).numpy(), stats.binom.ppf(u.numpy(), n, p.numpy()))
+
+
+def test_binomial_icdf_broadcasts_shared_probabilities():
+    g = torch.Generator().manual_seed(0)
+    u, p = torch.rand(20, 16, 3, generator=g), torch.rand(20, 1, 3, generator=g)
+    k = binomial_icdf(u, 30, p)
+    assert k.shape == (20, 16, 3)
+    assert np.array_equal(k.numpy(), stats.binom.ppf(u.numpy(), 30, p.numpy()))
+
+
+def test_continuous_log_probs_are_normalized():
+    grid = torch.linspace(-80, 80, 400001)
+    for mech in [Laplace(1.0, 1.0), Gaussian(0.5, 1e-6, 1.0, calibration="classic")]:
+        dens = mech.log_prob(grid[:, None], torch.tensor([[0.7]])).exp()
+        assert torch.trapezoid(dens, grid).item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_discrete_log_probs_are_normalized():
+    mech = BinomialCurve(trials=40, population=500, dim=1, epsilon=2.0)
+    y = torch.arange(41.0)[:, None] / 40
+    assert mech.log_prob(y, torch.tensor([[123.0]])).exp().sum().item() == pytest.approx(1.0, abs=1e-12)
+    rr = RandomizedResponse(0.7, dim=3)
+    outcomes = torch.tensor([[a, b, c] for a in (0.0, 1.0) for b in (0.0, 1.0) for c in (0.0, 1.0)])
+    assert rr.log_prob(outcomes, torch.tensor([[1.0, 0.0, 1.0]])).exp().sum().item() == pytest.approx(1.0)
+
+
+def test_laplace_log_likelihood_ratio_bounded_by_epsilon():
+    mech = Laplace(epsilon=0.8, sensitivity=0.3, dim=3)
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(200, 3, generator=g)
+    step = torch.randn(200, 3, generator=g)
+    neighbour = s + 0.3 * step / step.abs().sum(-1, keepdim=True)  # ||s - s'||_1 = sensitivity
+    y = torch.randn(300, 1, 3, generator=g) * 3
+    llr = (mech.log_prob(y, s) - mech.log_prob(y, neighbour)).abs()
+    assert llr.max().item() <= 0.8 + 1e-9
+    assert llr.max().item() > 0.79  # the bound is attained where y is beyond both points
+
+
+def test_binomial_log_likelihood_ratio_bounded_by_epsilon():
+    mech = BinomialCurve(trials=20, population=200, dim=4, epsilon=3.0)
+    s = torch.tensor([[0.0], [1.0], [57.0], [150.0], [199.0]]).expand(5, 4)
+    y = torch.arange(21.0)[:, None, None].expand(21, 1, 4) / 20
+    llr = (mech.log_prob(y, s) - mech.log_prob(y, s + 1)).abs()  # one person changes state at every t
+    assert llr.max().item() <= mech.epsilon + 1e-9
+    assert mech.epsilon <= 3.0 and llr.max().item() > 0.99 * mech.epsilon
+
+
+def test_randomized_response_log_likelihood_ratio_bounded_by_epsilon():
+    mech = RandomizedResponse(epsilon=1.3, dim=2)
+    outcomes = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    llr = (mech.log_prob(outcomes, torch.tensor([[0.0, 1.0]])) - mech.log_prob(outcomes, torch.tensor([[1.0, 1.0]]))).abs()
+    assert llr.max().item() == pytest.approx(1.3)
+
+
+def test_gaussian_calibrations():
+    analytic = Gaussian(2.0, 1e-5, 1.5)
+    assert analytic_delta(analytic.mu, 2.0) == pytest.approx(1e-5, rel=1e-6)
+    classic = Gaussian(0.5, 1e-5, 1.5, calibration="classic")
+    assert classic.sigma == pytest.approx(1.5 * math.sqrt(2 * math.log(1.25e5)) / 0.5)
+    assert Gaussian(0.5, 1e-5, 1.5).sigma < classic.sigma  # the exact calibration needs less noise
+    gdp = Gaussian.gdp(mu=0.5, sensitivity=2.0, delta=1e-6)
+    assert gdp.sigma == pytest.approx(4.0) and analytic_delta(0.5, gdp.epsilon) == pytest.approx(1e-6, rel=1e-6)
+    with pytest.raises(ValueError, match="epsilon < 1"):
+        Gaussian(2.0, 1e-5, 1.0, calibration="classic")
+
+
+def test_inverse_cdf_is_deterministic_and_broadcasts():
+    mech = Laplace(1.0, 1.0, dim=2)
+    s = torch.zeros(5, 1, 2)
+    u = torch.rand(5, 8, 2, generator=torch.Generator().manual_seed(3))
+    assert mech.sample(s, u).shape == (5, 8, 2)
+    assert torch.equal(mech.sample(s, u), mech.sample(s, u))
+    assert torch.isfinite(mech.sample(s, torch.zeros(5, 8, 2))).all()  # u = 0 is clamped into (0, 1)
+
+
+@pytest.mark.parametrize("make", [lambda: Laplace(0.0, 1.0), lambda: Laplace(-1.0, 1.0), lambda: Laplace(1.0, 0.0),
+                                  lambda: RandomizedResponse(float("nan")), lambda: Gaussian(1.0, 0.0, 1.0)])
+def test_bad_privacy_parameters_raise(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_bad_shapes_and_releases_raise():
+    mech = BinomialCurve(trials=10, population=100, dim=2, epsilon=1.0)
+    with pytest.raises(ValueError, match="last dimension 2"):
+        mech.sample(torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="last dimension 2"):
+        mech.sample(torch.zeros(4, 2), torch.rand(4, 5))
+    with pytest.raises(ValueError, match="outside the support"):
+        mech.validate_release(torch.tensor([0.1, 0.123]))
+    with pytest.raises(ValueError, match="shape"):
+        mech.validate_release(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="outside the support"):
+        RandomizedResponse(1.0, 2).validate_release(torch.tensor([0.0, 0.5]))
+    assert mech.log_prob(torch.tensor([[0.1, 0.123]]), torch.zeros(1, 2)).item() == -math.inf
