@@ -1,11 +1,24 @@
-"""Distances between posterior sample sets (C2ST, MMD)."""
+"""Scores of posterior draws: distances to a reference (C2ST, MMD), NLOG, LMD, and calibration (SBC, TARP).
+
+All functions take draws as ``(n, d)`` tensors on any device and return Python floats (or dicts of them).
+"""
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING, Protocol
+
 import torch
+from sbi.diagnostics import check_tarp, run_sbc, run_tarp
+from sbi.diagnostics.sbc import check_uniformity_frequentist
 from sbi.utils.metrics import c2st as _sbi_c2st
 from sbi.utils.metrics import unbiased_mmd_squared
 from torch import Tensor
+from torch.distributions import Transform
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from .tasks import Task
 
 
 def _check_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -29,3 +42,112 @@ def mmd(a: Tensor, b: Tensor, scale: float | None = None) -> float:
     length scale unless ``scale`` is given)."""
     a, b = _check_pair(a, b)
     return float(unbiased_mmd_squared(a, b, scale=scale))
+
+
+def kde_log_prob(samples: Tensor, points: Tensor, bandwidth: float | None = None) -> Tensor:
+    """Log density at ``points (m, d)`` of a Gaussian KDE of ``samples (n, d)``, shape ``(m,)``.
+
+    The kernel covariance is ``bandwidth^2`` times the sample covariance, with Scott's factor
+    ``n^(-1/(d+4))`` by default (as :class:`scipy.stats.gaussian_kde`). Computed in float64.
+    """
+    samples = torch.as_tensor(samples).double()
+    points = torch.as_tensor(points).to(samples)
+    if samples.ndim != 2 or points.ndim != 2 or samples.shape[1] != points.shape[1]:
+        raise ValueError(f"samples (n, d) and points (m, d) must share d, got {tuple(samples.shape)} and {tuple(points.shape)}")
+    n, d = samples.shape
+    if n <= d:
+        raise ValueError(f"a KDE in {d} dims needs more than {d} draws, got {n}")
+    if not torch.isfinite(samples).all():
+        raise ValueError("samples contain NaN or inf")
+    factor = n ** (-1.0 / (d + 4)) if bandwidth is None else float(bandwidth)
+    cov = torch.atleast_2d(torch.cov(samples.T)) * factor**2
+    try:
+        chol = torch.linalg.cholesky(cov)
+    except torch.linalg.LinAlgError:
+        raise ValueError("the draws' covariance is singular (constant or collinear draws): no KDE") from None
+    diff = (points[:, None, :] - samples[None, :, :]).reshape(-1, d)  # (m n, d)
+    z = torch.linalg.solve_triangular(chol, diff.T, upper=False).T.reshape(points.shape[0], n, d)
+    log_kernel = -0.5 * (z**2).sum(-1) - torch.log(torch.diagonal(chol)).sum() - 0.5 * d * math.log(2 * math.pi)
+    return torch.logsumexp(log_kernel, dim=1) - math.log(n)
+
+
+def nlog(samples: Tensor, theta: Tensor, transform: Transform | None = None) -> float:
+    """NLOG: minus the log density at the true parameter ``theta (1, d_theta)`` of a Gaussian KDE of the
+    posterior draws ``samples (n, d_theta)``.
+
+    With ``transform`` (a task's map from the unconstrained space onto the prior's support) the KDE is
+    fitted to ``transform.inv(samples)`` and its density carried back with the log-Jacobian, so draws on a
+    bounded support or a simplex get a proper density in the prior's parametrisation.
+    """
+    theta = torch.as_tensor(theta).reshape(1, -1).to(samples)
+    if transform is None:
+        return float(-kde_log_prob(samples, theta)[0])
+    z, z_theta = transform.inv(samples), transform.inv(theta)
+    log_det = transform.log_abs_det_jacobian(z_theta, theta).reshape(-1)[0]
+    return float(-(kde_log_prob(z, z_theta)[0] - log_det.double()))
+
+
+def lmd(task: Task, samples: Tensor, y: Tensor | None = None, generator: torch.Generator | None = None) -> float:
+    """LMD: log of the median Euclidean distance between ``y (1, d_s)`` (default ``task.y_obs``) and
+    releases simulated from the posterior draws ``samples (n, d_theta)``, one release per draw."""
+    y = task.y_obs if y is None else task.check_release(y)
+    if y is None:
+        raise ValueError(f"task {task.name!r} has no observed release; pass y")
+    releases = task.simulate_release(samples, generator)
+    return float(torch.log((releases - y.to(releases)).norm(dim=-1).median()))
+
+
+class AmortizedPosterior(Protocol):
+    """Any posterior that samples at a given release: ``sample((n,), y=(1, d_s)) -> (n, d_theta)``."""
+
+    def sample(self, sample_shape: tuple[int, ...], y: Tensor | None = None) -> Tensor: ...
+
+
+class _SBIView:
+    """sbi's ``sample_batched`` interface over an amortized dpsbi posterior, remembering the last call so
+    that SBC and TARP rank the same draws."""
+
+    def __init__(self, posterior: AmortizedPosterior, progress: bool) -> None:
+        self.posterior, self.progress, self._cache = posterior, progress, None
+
+    def sample_batched(self, sample_shape, x: Tensor, show_progress_bars: bool = False) -> Tensor:
+        if self._cache is None or self._cache[0] is not x:
+            draws = [
+                self.posterior.sample(tuple(sample_shape), y=x[i : i + 1]).cpu()
+                for i in tqdm(range(x.shape[0]), disable=not self.progress, desc="calibration posteriors")
+            ]
+            self._cache = (x, torch.stack(draws, dim=1))  # (n, runs, d)
+        return self._cache[1]
+
+
+def calibration(
+    posterior: AmortizedPosterior,
+    task: Task,
+    num_runs: int = 200,
+    num_posterior_samples: int = 1000,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, float | list[float]]:
+    """Simulation-based calibration and TARP (sbi's implementations) of an amortized posterior.
+
+    Draws ``num_runs`` pairs ``theta ~ prior``, ``y ~ task`` and ``num_posterior_samples`` draws at each ``y``.
+    Returns ``sbc_ks_pvalues`` (one KS p-value per parameter: uniformity of the SBC ranks), ``tarp_atc``
+    (area between TARP's expected-coverage curve and the diagonal above 1/2: > 0 too wide, < 0 too narrow)
+    and ``tarp_ks_pvalue``. A calibrated posterior has large p-values and an ATC near 0.
+    """
+    if num_runs < 10 or num_posterior_samples < 10:
+        raise ValueError(f"calibration needs num_runs >= 10 and num_posterior_samples >= 10, got {num_runs}, {num_posterior_samples}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        theta = task.prior.sample((num_runs,))
+        ys = task.simulate_release(theta, torch.Generator(device=theta.device).manual_seed(seed))
+        view = _SBIView(posterior, progress)
+        theta, ys = theta.cpu(), ys.cpu()
+        ranks, _ = run_sbc(theta, ys, view, num_posterior_samples, show_progress_bar=False)  # type: ignore[arg-type]
+        ecp, alpha = run_tarp(theta, ys, view, num_posterior_samples=num_posterior_samples, show_progress_bar=False, num_bins=max(num_runs // 10, 2))  # type: ignore[arg-type]
+    atc, ks = check_tarp(ecp, alpha)
+    return {
+        "sbc_ks_pvalues": [float(p) for p in check_uniformity_frequentist(ranks, num_posterior_samples)],
+        "tarp_atc": float(atc),
+        "tarp_ks_pvalue": float(ks),
+    }
