@@ -145,3 +145,14 @@ def test_top_level_api():
     assert dpsbi.tasks.load("conjugate_gaussian").exact_posterior is not None
     with pytest.raises(AttributeError):
         dpsbi.not_a_thing  # noqa: B018
+
+
+@pytest.mark.parametrize("simulator", ["exact", "tau_leap"])
+def test_sir_task_releases_lie_in_the_mechanism_support(simulator):
+    task = load("sir", epsilon=1.0, population=20_000, simulator=simulator)
+    s = task.simulate(task.true_theta.expand(8, 2), GEN(5))
+    assert s.shape == (8, 10) and (s >= 0).all() and (s <= 20_000).all()
+    y = task.release(s, generator=GEN(6))
+    assert bool(task.mechanism.in_support(y).all())
+    with pytest.raises(ValueError, match="unknown SIR simulator"):
+        load("sir", simulator="ode")
