@@ -1,0 +1,46 @@
+"""Comparison across the runs of a sweep: a table and a figure of the final metrics of every run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from .config import METRICS
+from .outputs import format_table, write_rows
+from .plots import comparison_plot
+
+
+def collect(root: str | Path) -> list[dict]:
+    """The final metric rows of every run below ``root`` (each run's ``summary.json``), with its directory."""
+    rows = []
+    for path in sorted(Path(root).rglob("summary.json")):
+        for row in json.loads(path.read_text())["runs"]:
+            rows.append({**row, "run": str(path.parent.relative_to(root))})
+    return rows
+
+
+def compare(root: str | Path) -> list[dict]:
+    """Write ``comparison.csv/.json`` and ``comparison.png`` into ``root`` (a multirun directory) and print
+    the table; returns the rows. Raises ``FileNotFoundError`` when no run below ``root`` has finished."""
+    root = Path(root)
+    rows = collect(root)
+    if not rows:
+        raise FileNotFoundError(f"no finished runs (summary.json) below {root}")
+    write_rows(root / "comparison", rows)
+    comparison_plot(rows, METRICS, root / "comparison.png")
+    print(f"\n{format_table(rows, ('task', 'epsilon', 'reference', 'method', 'num_simulations', 'wall_time', *METRICS, 'run'))}")
+    print(f"comparison: {root / 'comparison.png'}")
+    return rows
+
+
+class CompareCallback(Callback):
+    """Hydra callback (configs/config.yaml, ``hydra.callbacks.compare``): compares a sweep's runs when it ends."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        try:
+            compare(config.hydra.sweep.dir)
+        except FileNotFoundError as error:
+            print(f"dpsbi-compare: {error}")

@@ -1,0 +1,129 @@
+"""Where the Hydra configs live, and the checks that turn a composed config into a runnable plan."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .. import tasks
+from ..tasks import Task
+from . import methods
+from .methods import Method
+
+#: Environment variable naming another config directory (a copy of ``configs/`` with your own groups).
+CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
+METRICS = ("c2st", "mmd", "nlog", "lmd")
+TRAINER_KEYS = ("accelerator", "devices", "precision", "num_workers")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run, found before any simulation."""
+
+
+def config_dir() -> Path:
+    """The Hydra config directory: ``$DPSBI_CONFIG_DIR`` or ``configs/`` at the root of the repository this
+    package is installed from (editable install)."""
+    path = Path(os.environ.get(CONFIG_DIR_ENV) or Path(__file__).resolve().parents[2] / "configs")
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(
+            f"no Hydra configs at {path} (config.yaml missing): install dpsbi editable from its repository "
+            f"(pip install -e .) or point {CONFIG_DIR_ENV} at a config directory"
+        )
+    return path
+
+
+@dataclass
+class Plan:
+    """A validated run: the task, the methods with their keyword settings, the Lightning settings."""
+
+    task: Task
+    task_config: dict
+    methods: list[tuple[Method, dict]]
+    trainer: dict
+
+
+def _container(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+
+
+def build_task(task_config: dict) -> Task:
+    """The task of a ``task`` config group entry (``name`` plus the factory's keywords), with clear errors for
+    an unknown name, a non-positive epsilon or a missing release."""
+    config = dict(task_config)
+    name = config.pop("name", None)
+    if name not in tasks.names():
+        raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(tasks.names())}")
+    epsilon = config.get("epsilon")
+    if epsilon is not None and not (isinstance(epsilon, (int, float)) and 0 < epsilon < float("inf")):
+        raise ConfigError(f"task.epsilon must be a finite number > 0, got {epsilon!r}")
+    try:
+        task = tasks.load(name, **config)
+    except ValueError as error:
+        raise ConfigError(f"{error} (on the command line: task.y_obs=simulate or task.y_obs=[...])") from None
+    if task.y_obs is None:
+        raise ConfigError(f"task {name!r} has no observed release: set task.y_obs=simulate or task.y_obs=[...]")
+    return task
+
+
+def method_settings(cfg: DictConfig, name: str, base: dict) -> dict:
+    """Keywords for method ``name``: its config ``base`` (without ``name``) updated by ``method_settings[name]``."""
+    settings = {k: v for k, v in base.items() if k != "name"}
+    settings.update(_container(cfg.get("method_settings", {})).get(name, {}))
+    return settings
+
+
+def _method_config(name: str) -> dict:
+    """The ``method/<name>.yaml`` config of a companion method."""
+    methods.get(name)
+    path = config_dir() / "method" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"companion {name!r} has no config file {path}")
+    return _container(OmegaConf.load(path))
+
+
+def _trainer(cfg: DictConfig) -> dict:
+    trainer = _container(cfg.get("trainer", {}))
+    unknown = set(trainer) - set(TRAINER_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown trainer keys {sorted(unknown)}; known: {', '.join(TRAINER_KEYS)}")
+    if trainer.get("accelerator") in ("cuda", "gpu") and not torch.cuda.is_available():
+        raise ConfigError("trainer.accelerator=cuda but no CUDA device is visible; use trainer=auto or trainer=cpu")
+    return trainer
+
+
+def _check_evaluation(cfg: DictConfig) -> None:
+    evaluation = cfg.evaluation
+    unknown = set(evaluation.metrics) - set(METRICS)
+    if unknown:
+        raise ConfigError(f"unknown metrics {sorted(unknown)} in evaluation.metrics; known: {', '.join(METRICS)}")
+    if int(evaluation.num_samples) < 10:
+        raise ConfigError(f"evaluation.num_samples must be >= 10, got {evaluation.num_samples}")
+    if int(cfg.reference.num_samples) < 10:
+        raise ConfigError(f"reference.num_samples must be >= 10, got {cfg.reference.num_samples}")
+
+
+def plan(cfg: DictConfig) -> Plan:
+    """Check a composed config and build its task and methods; raises :class:`ConfigError` naming the problem."""
+    _check_evaluation(cfg)
+    trainer = _trainer(cfg)
+    unknown = set(_container(cfg.get("method_settings", {}))) - set(methods.METHODS)
+    if unknown:
+        raise ConfigError(f"method_settings names unknown methods {sorted(unknown)}; known: {', '.join(sorted(methods.METHODS))}")
+    task_config = _container(cfg.task)
+    task = build_task(task_config)
+    main = _container(cfg.method)
+    companions = [name for name in cfg.get("companions") or [] if name != main.get("name")]
+    configs = [main] + [_method_config(name) for name in dict.fromkeys(companions)]
+    chosen = []
+    for config in configs:
+        try:
+            method = methods.get(config.get("name"))
+            method.check(task)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        chosen.append((method, method_settings(cfg, method.name, config)))
+    return Plan(task, task_config, chosen, trainer)

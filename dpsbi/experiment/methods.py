@@ -1,0 +1,153 @@
+"""The inference methods an experiment can run, by name, imported lazily.
+
+Every method is reduced to one contract: it is fitted on a task and reports rounds, each a set of posterior
+draws at ``task.y_obs`` with the simulations used so far, plus the object to save (a neural posterior that
+can be sampled at other releases, or a classical baseline's result).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..tasks import Task
+
+#: ``on_round(index, draws (n, dim_theta), num_simulations, state)``; ``state`` is what gets saved.
+RoundCallback = Callable[[int, Tensor, int, Any], None]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of ``dpsbi``: ``target`` is ``"module:attribute"``; ``neural`` methods are Lightning-trained
+    estimators with ``.run()`` returning an amortized posterior, the others are functions returning draws.
+    ``preflight(task)`` raises ``ValueError`` naming why the method cannot run on ``task``."""
+
+    name: str
+    target: str
+    neural: bool = False
+    preflight: Callable[[Task], None] | None = None
+    seed_argument: str = "seed"  # the baseline's keyword for the seed ("generator" takes a torch.Generator)
+    draws: Callable[[Any, int, torch.Generator], Tensor] | None = None  # baseline result -> draws (n, d)
+
+    def load(self) -> Callable:
+        module, attribute = self.target.split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def check(self, task: Task) -> None:
+        """Raise ``ValueError`` if the method cannot run on ``task``."""
+        if self.preflight is not None:
+            self.preflight(task)
+
+
+def _mechanism_density(name: str) -> Callable[[Task], None]:
+    """Preflight of methods that evaluate ``eta(y_obs | s)``: the release must come from the mechanism."""
+    return lambda task: task.require_mechanism_release(name)
+
+
+def _record_likelihood(task: Task) -> None:
+    """DA-MCMC needs the record-level model (regression, naive Bayes) and a release of the mechanism."""
+    from ..baselines.records import record_model
+
+    task.require_mechanism_release("da_mcmc")
+    record_model(task)
+
+
+def _exponential_family(task: Task) -> None:
+    """MCEM needs the task's complete-data exponential family and a release of the mechanism."""
+    from ..baselines.mcem import FAMILIES
+
+    task.require_mechanism_release("mcem")
+    if task.name not in FAMILIES:
+        raise ValueError(f"mcem needs a complete-data exponential family, registered for tasks {sorted(FAMILIES)}; got task {task.name!r}")
+
+
+def normal_approximation(result, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+    """Draws ``(num_samples, d)`` of ``N(estimate, observed_information^-1)``: the asymptotic distribution of
+    MCEM's maximum-likelihood estimate, standing in for a posterior."""
+    covariance = torch.linalg.inv(result.observed_information.double())
+    covariance = (covariance + covariance.T) / 2
+    noise = torch.randn(num_samples, covariance.shape[0], generator=generator, dtype=torch.float64)
+    draws = result.estimate.double() + noise @ torch.linalg.cholesky(covariance).T
+    return draws.to(result.estimate.dtype)
+
+
+def _confidential_summary(task: Task) -> None:
+    """ABCDP runs on the data holder's side: it needs the task's confidential summary ``s_obs``."""
+    if task.s_obs is None:
+        raise ValueError(
+            f"abcdp runs on the data holder's side and needs the confidential summary s_obs, which task "
+            f"{task.name!r} does not hold with this release"
+        )
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("sppe", "dpsbi.inference:SPPE", neural=True),
+        Method("sple", "dpsbi.inference:SPLE", neural=True),
+        Method("naive_npe", "dpsbi.inference:NaiveNPE", neural=True),
+        Method("rejection_abc", "dpsbi.baselines:rejection_abc", preflight=_mechanism_density("rejection_abc")),
+        Method("abc_is", "dpsbi.baselines:abc_is", preflight=_mechanism_density("abc_is")),
+        Method("smc_abc", "dpsbi.baselines:smc_abc"),
+        Method("abcdp", "dpsbi.baselines:abcdp", preflight=_confidential_summary, seed_argument="generator"),
+        Method("mh_clt", "dpsbi.baselines:mh_clt", preflight=_mechanism_density("mh_clt")),
+        Method("pmmh", "dpsbi.baselines:pmmh", preflight=_mechanism_density("pmmh")),
+        Method("mhaar", "dpsbi.baselines:mhaar", preflight=_mechanism_density("mhaar")),
+        Method("da_mcmc", "dpsbi.baselines:da_mcmc", preflight=_record_likelihood),
+        Method("mcem", "dpsbi.baselines:mcem", preflight=_exponential_family, draws=normal_approximation),
+    ]
+}
+
+
+def get(name: str) -> Method:
+    """The method registered as ``name``; ``ValueError`` listing the known ones otherwise."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def baseline_draws(result, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+    """Unweighted draws ``(<= num_samples, dim_theta)`` of a :class:`BaselineResult`: multinomial resampling
+    of weighted draws, a random subset (all chains alike) of unweighted ones."""
+    if result.weights is not None:
+        return result.resample(num_samples, generator)
+    samples = result.samples
+    if samples.shape[0] <= num_samples:
+        return samples
+    index = torch.randperm(samples.shape[0], generator=generator, device=generator.device if generator else None)
+    return samples[index[:num_samples].to(samples.device)]
+
+
+def fit(
+    method: Method,
+    task: Task,
+    settings: dict,
+    *,
+    seed: int,
+    num_samples: int,
+    trainer: dict,
+    checkpoint_dir: str,
+    progress: bool,
+    on_round: RoundCallback,
+) -> Any:
+    """Fit ``method`` on ``task`` with keyword ``settings`` (its config); ``on_round`` receives every round's
+    ``num_samples`` draws at ``task.y_obs``. Returns the final state (posterior or baseline result)."""
+    fn = method.load()
+    if method.neural:
+
+        def round_end(index: int, posterior, num_simulations: int) -> None:
+            on_round(index, posterior.sample((num_samples,)), num_simulations, posterior)
+
+        return fn(
+            task, **settings, **trainer, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=round_end
+        ).run()
+    generator = torch.Generator().manual_seed(seed)
+    seed_value = torch.Generator().manual_seed(seed) if method.seed_argument == "generator" else seed
+    result = fn(task, **settings, **{method.seed_argument: seed_value}, progress=progress)
+    draws = (method.draws or baseline_draws)(result, num_samples, generator)
+    on_round(1, draws, result.num_simulations, result)
+    return result

@@ -1,0 +1,69 @@
+"""Files of a run: draws as CSV, metric rows as CSV and JSON, and the summary table."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+#: Columns of the summary table, in order (missing ones are left out).
+SUMMARY_COLUMNS = ("task", "epsilon", "reference", "method", "round", "num_simulations", "wall_time", "c2st", "mmd", "nlog", "lmd")
+
+
+def write_draws(path: Path, draws: Tensor, names: Sequence[str]) -> None:
+    """Write ``draws (n, d)`` as CSV with a header of parameter ``names``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(names)
+        writer.writerows(draws.detach().cpu().double().tolist())
+
+
+def read_draws(path: Path) -> tuple[Tensor, list[str]]:
+    """Draws ``(n, d)`` and parameter names from a CSV written by :func:`write_draws`."""
+    with Path(path).open() as f:
+        rows = list(csv.reader(f))
+    return torch.tensor([[float(v) for v in row] for row in rows[1:]]), rows[0]
+
+
+def write_rows(stem: Path, rows: list[dict]) -> None:
+    """Write metric ``rows`` to ``stem.csv`` and ``stem.json`` (columns: the union of the rows' keys)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with stem.with_suffix(".csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2, default=_jsonable))
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows written by :func:`write_rows` (from the ``.json`` file)."""
+    return json.loads(Path(path).with_suffix(".json").read_text())
+
+
+def _jsonable(value):
+    return value.tolist() if isinstance(value, Tensor) else str(value)
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_table(rows: Iterable[dict], columns: Sequence[str] = SUMMARY_COLUMNS) -> str:
+    """A fixed-width text table of ``rows`` over the ``columns`` that at least one row has."""
+    rows = list(rows)
+    columns = [c for c in columns if any(c in row for row in rows)]
+    cells = [columns] + [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(line, widths)) for line in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])

@@ -1,0 +1,134 @@
+"""Reference posteriors that runs are scored against, cached on disk per (task, epsilon, release).
+
+``auto`` picks, in order: the task's closed-form posterior (drawn directly, never cached); exact rejection ABC
+with the mechanism as kernel (Gong, Alg. 1) when a pilot says it fits in ``max_simulations``; otherwise
+importance sampling of the exact private posterior from an adapted proposal, the last generation of
+``smc_abc(kernel="mechanism")``: consistent but not exact, so the reference is flagged approximate with
+its effective sample size. Data that are not a release of the mechanism (real outbreaks) get no reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..tasks import Task
+from .methods import baseline_draws
+
+KINDS = ("auto", "closed_form", "rejection", "importance", "none")
+
+
+@dataclass
+class Reference:
+    """Reference draws ``samples (n, dim_theta)`` (``None`` when there is none) and how they were made."""
+
+    samples: Tensor | None
+    kind: str
+    exact: bool
+    note: str
+    num_simulations: int = 0
+
+    def describe(self) -> dict:
+        """Provenance as a JSON-able dict (no draws)."""
+        return {k: v for k, v in asdict(self).items() if k != "samples"}
+
+
+def acceptance_rate(task: Task, num_simulations: int, seed: int = 0) -> float:
+    """Rao-Blackwellised acceptance rate of exact rejection ABC at ``task.y_obs``: the mean over
+    ``num_simulations`` prior draws of ``eta(y | s) / sup eta``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        theta = task.prior.sample((num_simulations,))
+        s = task.simulate(theta, torch.Generator(device=theta.device).manual_seed(seed))
+    log_accept = task.mechanism.log_prob(task.y_obs.to(s), s) - task.mechanism.max_log_prob(task.y_obs.to(s))
+    return float(torch.logsumexp(log_accept.double(), 0).exp() / num_simulations)
+
+
+def _rejection(task: Task, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference | None:
+    """Exact rejection ABC, or ``None`` when a pilot predicts more than ``max_simulations`` simulations."""
+    from ..baselines import SimulationBudgetExceeded, rejection_abc
+
+    rate = acceptance_rate(task, int(settings["pilot_simulations"]), seed)
+    if rate * int(settings["max_simulations"]) < 1.2 * num_samples:
+        return None
+    try:
+        result = rejection_abc(task, num_samples, max_simulations=int(settings["max_simulations"]), seed=seed, progress=progress)
+    except SimulationBudgetExceeded:
+        return None
+    note = f"exact rejection ABC with the mechanism as kernel (acceptance rate {result.info['acceptance_rate']:.3g})"
+    return Reference(result.samples, "rejection", True, note, result.num_simulations)
+
+
+def _importance(task: Task, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference:
+    """Importance sampling of the exact posterior from SMC-ABC's adapted proposal (mechanism kernel)."""
+    from ..baselines import smc_abc
+
+    particles = int(settings["importance_particles"])
+    result = smc_abc(task, num_particles=particles, kernel="mechanism", seed=seed, progress=progress)
+    draws = baseline_draws(result, num_samples, torch.Generator().manual_seed(seed))
+    note = (
+        f"APPROXIMATE: self-normalised importance sampling of the exact private posterior (mechanism as kernel) "
+        f"from an SMC-adapted proposal, {particles} particles, ESS {result.ess:.0f}; consistent, not exact"
+    )
+    return Reference(draws, "importance", False, note, result.num_simulations)
+
+
+def _closed_form(task: Task, num_samples: int, seed: int) -> Reference:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        samples = task.exact_posterior(task.y_obs).sample((num_samples,))
+    return Reference(samples, "closed_form", True, "exact draws from the task's closed-form posterior")
+
+
+def _cache_path(cache_dir: Path, task: Task, task_config: dict, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps({**key, "task": task_config}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    epsilon = "none" if task.epsilon is None else f"{task.epsilon:g}"
+    return cache_dir / task.name / f"eps{epsilon}" / f"{digest}.pt"
+
+
+def reference_posterior(
+    task: Task,
+    task_config: dict,
+    method: str = "auto",
+    num_samples: int = 2000,
+    cache_dir: str | Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **settings,
+) -> Reference:
+    """Reference draws ``(num_samples, dim_theta)`` at ``task.y_obs`` by ``method`` (one of :data:`KINDS`).
+
+    Sampled references are cached under ``cache_dir/<task>/eps<epsilon>/<hash>.pt``, the hash covering the
+    task config, the release, ``method``, ``num_samples``, ``seed`` and ``settings`` (``pilot_simulations``,
+    ``max_simulations``, ``importance_particles``); a later call with the same key loads them.
+    """
+    if method not in KINDS:
+        raise ValueError(f"reference.method must be one of {KINDS}, got {method!r}")
+    if method == "none" or (method == "auto" and not task.release_from_mechanism and task.exact_posterior is None):
+        why = "reference.method=none" if method == "none" else "the observed data are not a release of the mechanism"
+        return Reference(None, "none", False, f"no reference posterior ({why}): C2ST and MMD are not computed")
+    if method in ("auto", "closed_form") and task.exact_posterior is not None:
+        return _closed_form(task, num_samples, seed)
+    if method == "closed_form":
+        raise ValueError(f"task {task.name!r} has no closed-form posterior; use reference.method=auto")
+    task.require_mechanism_release(f"reference.method={method}")
+    key = {"y_obs": [round(v, 12) for v in task.y_obs.reshape(-1).tolist()], "method": method, "num_samples": num_samples, "seed": seed, **settings}
+    path = _cache_path(Path(cache_dir).expanduser(), task, task_config, key) if cache_dir else None
+    if path is not None and path.is_file():
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        return Reference(stored["samples"], **json.loads(stored["provenance"]))
+    reference = _rejection(task, num_samples, settings, seed, progress) if method in ("auto", "rejection") else None
+    if reference is None and method == "rejection":
+        raise ValueError(f"exact rejection ABC at this release needs more than reference.max_simulations={settings['max_simulations']}")
+    if reference is None:
+        reference = _importance(task, num_samples, settings, seed, progress)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"samples": reference.samples.cpu(), "provenance": json.dumps(reference.describe())}, path)
+        path.with_suffix(".json").write_text(json.dumps({**key, "task": task_config, **reference.describe()}, indent=2, default=str))
+    return reference
