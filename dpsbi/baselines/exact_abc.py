@@ -1,0 +1,185 @@
+"""Exact ABC for private releases (Gong 2022): rejection (Alg. 1) and importance sampling (Sec. 3).
+
+With the privacy mechanism's own density ``eta(y | s)`` as the ABC kernel, the accepted (or weighted)
+parameters follow the exact private posterior ``p(theta | y) ∝ prior(theta) E[eta(y | s) | theta]``:
+no tolerance, no approximation. The helpers here (the release to condition on, a prior density that is
+``-inf`` outside the support, seeding, weight normalization) are shared by the other classical baselines.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import Tensor
+from torch.distributions import Distribution
+from tqdm.auto import tqdm
+
+from ..tasks import Task
+from .result import BaselineResult
+
+
+class SimulationBudgetExceeded(RuntimeError):
+    """A sampler used up its ``max_simulations`` before it had the draws it was asked for."""
+
+
+@contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Run the block with torch's global RNG seeded by ``seed`` (priors' ``.sample`` draws from it) and
+    restore the caller's RNG state afterwards; with ``seed=None`` the block uses the RNG as it is."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        yield
+
+
+def target_release(task: Task, y: Tensor | None, method: str) -> Tensor:
+    """The release to condition on, ``(1, dim_s)``: ``y`` or else ``task.y_obs``, checked by ``task.check_release``."""
+    y = task.y_obs if y is None else y
+    if y is None:
+        raise ValueError(f"{method}: task {task.name!r} has no observed release; pass y=<release>")
+    y = task.check_release(y)
+    if y.shape[0] != 1:
+        raise ValueError(f"{method} conditions on a single release, got {y.shape[0]} rows")
+    return y
+
+
+def log_prior(task: Task, theta: Tensor) -> Tensor:
+    """``log prior(theta)`` of shape ``(n,)`` for ``theta (n, dim_theta)``: ``-inf`` outside the prior's support
+    (where ``Distribution.log_prob`` would raise) and where the density is not a number."""
+    support = task.prior.support
+    inside = support.check(theta)
+    if support.event_dim == 0:
+        inside = inside.all(-1)
+    safe = torch.where(inside[:, None], theta, task.prior.mean.to(theta).expand_as(theta))
+    lp = task.prior.log_prob(safe)
+    return torch.where(inside & ~lp.isnan(), lp, -math.inf)
+
+
+def normalize(log_weights: Tensor, method: str) -> Tensor:
+    """Normalized weights ``(n,)`` from unnormalized log weights; raises when every weight is zero."""
+    if not torch.isfinite(log_weights).any():
+        raise RuntimeError(
+            f"{method}: every importance weight is zero (the release has zero density under all draws); "
+            "use more draws or a proposal that covers the posterior"
+        )
+    return torch.softmax(log_weights, dim=0)
+
+
+def kish_ess(weights: Tensor) -> float:
+    """Kish's effective sample size ``1 / sum w^2`` of normalized weights."""
+    return float(1.0 / (weights**2).sum())
+
+
+def mechanism_log_weights(task: Task, theta: Tensor, log_ratio: Tensor, y: Tensor, power: float = 1.0) -> Tensor:
+    """``log_ratio + power * log eta(y | s)`` with ``s ~ simulate(theta)``, shape ``(n,)``.
+
+    ``log_ratio (n,)`` is the importance ratio ``log prior - log proposal`` of ``theta (n, dim_theta)``;
+    rows where it is ``-inf`` (outside the prior's support) are not simulated and keep weight zero.
+    """
+    inside = torch.isfinite(log_ratio)
+    log_w = torch.full_like(log_ratio, -math.inf)
+    if inside.any():
+        s = task.simulate(theta[inside])
+        log_w[inside] = log_ratio[inside] + power * task.mechanism.log_prob(y, s).to(log_ratio)
+    return log_w
+
+
+def budget_error(method: str, max_simulations: int, accepted: int, wanted: int, simulations: int) -> SimulationBudgetExceeded:
+    """The error a sampler raises when it hits ``max_simulations``, with its progress and acceptance rate."""
+    rate = accepted / max(simulations, 1)
+    needed = f"about {wanted / rate:.3g}" if rate > 0 else "far more"
+    return SimulationBudgetExceeded(
+        f"{method} hit max_simulations={max_simulations} after {simulations} simulations with {accepted} of "
+        f"{wanted} draws accepted (acceptance rate {rate:.3g}); {needed} simulations would be needed: raise "
+        "max_simulations, or use importance sampling / SMC with a proposal closer to the posterior"
+    )
+
+
+def _check_counts(**counts: int) -> None:
+    for name, value in counts.items():
+        if int(value) < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def rejection_abc(
+    task: Task,
+    num_samples: int,
+    y: Tensor | None = None,
+    batch_size: int = 10_000,
+    max_simulations: int = 10_000_000,
+    seed: int | None = None,
+    progress: bool = True,
+) -> BaselineResult:
+    """Exact i.i.d. draws ``(num_samples, dim_theta)`` from ``p(theta | y)`` (Gong, Alg. 1).
+
+    Draws ``theta ~ prior``, ``s = task.simulate(theta)`` in batches of ``batch_size`` and accepts each with
+    probability ``eta(y | s) / sup_s eta(y | s)`` until ``num_samples`` are accepted. Raises
+    :class:`SimulationBudgetExceeded` after ``max_simulations`` simulations. ``info`` holds the acceptance
+    rate and the log evidence ``log p(y) = log(acceptance rate) + log sup eta`` it implies.
+    """
+    method = "rejection_abc"
+    task.require_mechanism_release(method)
+    _check_counts(num_samples=num_samples, batch_size=batch_size, max_simulations=max_simulations)
+    y = target_release(task, y, method)
+    log_bound = task.mechanism.max_log_prob(y)
+    accepted: list[Tensor] = []
+    num_accepted = simulations = 0
+    with seeded(seed), tqdm(total=num_samples, desc=method, disable=not progress) as bar:
+        while num_accepted < num_samples:
+            if simulations >= max_simulations:
+                raise budget_error(method, max_simulations, num_accepted, num_samples, simulations)
+            theta = task.prior.sample((min(batch_size, max_simulations - simulations),))
+            log_accept = task.mechanism.log_prob(y, task.simulate(theta)) - log_bound
+            keep = torch.rand_like(log_accept).log() < log_accept
+            accepted.append(theta[keep])
+            simulations += theta.shape[0]
+            num_accepted += int(keep.sum())
+            bar.update(min(int(keep.sum()), num_samples - bar.n))
+            bar.set_postfix(acceptance=f"{num_accepted / simulations:.3g}", simulations=simulations)
+    rate = num_accepted / simulations
+    info = {"acceptance_rate": rate, "log_evidence": math.log(rate) + float(log_bound)}
+    return BaselineResult(torch.cat(accepted)[:num_samples], simulations, info=info)
+
+
+def abc_is(
+    task: Task,
+    num_simulations: int,
+    proposal: Distribution | None = None,
+    y: Tensor | None = None,
+    batch_size: int = 100_000,
+    seed: int | None = None,
+    progress: bool = True,
+) -> BaselineResult:
+    """Importance-sampling form of exact ABC (Gong, Sec. 3): ``num_simulations`` weighted draws.
+
+    ``theta ~ proposal`` (default: the prior, a Distribution with event shape ``(dim_theta,)``),
+    ``s = task.simulate(theta)``, weight ``prior(theta) / proposal(theta) * eta(y | s)``, normalized.
+    Proposal draws outside the prior's support get weight zero and are not simulated. ``info`` holds the
+    Kish ESS and the log evidence estimate ``log mean(unnormalized weights)``.
+    """
+    method = "abc_is"
+    task.require_mechanism_release(method)
+    _check_counts(num_simulations=num_simulations, batch_size=batch_size)
+    y = target_release(task, y, method)
+    proposal = task.prior if proposal is None else proposal
+    if tuple(proposal.event_shape) != (task.dim_theta,):
+        raise ValueError(f"{method}: proposal must have event shape ({task.dim_theta},), got {tuple(proposal.event_shape)}")
+    thetas, log_ws = [], []
+    simulations = 0
+    with seeded(seed), tqdm(total=num_simulations, desc=method, disable=not progress) as bar:
+        for start in range(0, num_simulations, batch_size):
+            theta = proposal.sample((min(batch_size, num_simulations - start),)).to(y)
+            log_ratio = log_prior(task, theta) - proposal.log_prob(theta).to(y)
+            thetas.append(theta)
+            log_ws.append(mechanism_log_weights(task, theta, log_ratio, y))
+            simulations += int(torch.isfinite(log_ratio).sum())
+            bar.update(theta.shape[0])
+    log_w = torch.cat(log_ws)
+    weights = normalize(log_w, method)
+    info = {"ess": kish_ess(weights), "log_evidence": float(torch.logsumexp(log_w, 0)) - math.log(log_w.numel())}
+    return BaselineResult(torch.cat(thetas), simulations, weights=weights, info=info)
