@@ -55,7 +55,8 @@ def poisson_log_evidence(y: float, epsilon: float = 0.2, shape: float = 25.0, ra
 
 def assert_moments(result: BaselineResult, mean: torch.Tensor, sd: torch.Tensor) -> None:
     """Weighted mean and sd of every coordinate within 4 Monte Carlo standard errors of the exact ones."""
-    w = result.weights if result.weights is not None else torch.full((result.samples.shape[0],), 1 / result.samples.shape[0])
+    n = result.samples.shape[0]
+    w = result.weights if result.weights is not None else torch.full((n,), 1 / n)
     m = w @ result.samples
     s = (w @ (result.samples - m) ** 2).sqrt()
     ess = result.ess

@@ -67,12 +67,12 @@ def normalize(log_weights: Tensor, method: str) -> Tensor:
             f"{method}: every importance weight is zero (the release has zero density under all draws); "
             "use more draws or a proposal that covers the posterior"
         )
-    return torch.softmax(log_weights, dim=0)
+    return torch.softmax(log_weights.double(), dim=0).to(log_weights.dtype)  # float64: sums of 10^6 weights
 
 
 def kish_ess(weights: Tensor) -> float:
     """Kish's effective sample size ``1 / sum w^2`` of normalized weights."""
-    return float(1.0 / (weights**2).sum())
+    return float(1.0 / (weights.double() ** 2).sum())
 
 
 def mechanism_log_weights(task: Task, theta: Tensor, log_ratio: Tensor, y: Tensor, power: float = 1.0) -> Tensor:
@@ -89,7 +89,9 @@ def mechanism_log_weights(task: Task, theta: Tensor, log_ratio: Tensor, y: Tenso
     return log_w
 
 
-def budget_error(method: str, max_simulations: int, accepted: int, wanted: int, simulations: int) -> SimulationBudgetExceeded:
+def budget_error(
+    method: str, max_simulations: int, accepted: int, wanted: int, simulations: int
+) -> SimulationBudgetExceeded:
     """The error a sampler raises when it hits ``max_simulations``, with its progress and acceptance rate."""
     rate = accepted / max(simulations, 1)
     needed = f"about {wanted / rate:.3g}" if rate > 0 else "far more"
@@ -168,7 +170,9 @@ def abc_is(
     y = target_release(task, y, method)
     proposal = task.prior if proposal is None else proposal
     if tuple(proposal.event_shape) != (task.dim_theta,):
-        raise ValueError(f"{method}: proposal must have event shape ({task.dim_theta},), got {tuple(proposal.event_shape)}")
+        raise ValueError(
+            f"{method}: proposal must have event shape ({task.dim_theta},), got {tuple(proposal.event_shape)}"
+        )
     thetas, log_ws = [], []
     simulations = 0
     with seeded(seed), tqdm(total=num_simulations, desc=method, disable=not progress) as bar:

@@ -63,7 +63,8 @@ def tolerance_schedule(start: float, end: float, decay: float) -> list[float]:
 
 
 def unconstrained_log_prior(task: Task, z: Tensor) -> tuple[Tensor, Tensor]:
-    """``theta = transform(z)`` and the prior's log density of ``z (n, dim_unconstrained)``, Jacobian included, ``(n,)``."""
+    """``theta = transform(z)`` and the prior's log density ``(n,)`` of ``z (n, dim_unconstrained)``, Jacobian
+    included."""
     theta = task.transform(z)
     log_det = task.transform.log_abs_det_jacobian(z, theta)
     if log_det.ndim == z.ndim:  # elementwise transform: sum over coordinates
@@ -144,7 +145,8 @@ class _Sampler:
         accepted = simulations = 0
         while accepted < self.n:
             if self.simulations >= self.max_simulations:
-                raise budget_error(f"smc_abc at tolerance {tolerance:.3g}", self.max_simulations, accepted, self.n, simulations)
+                method = f"smc_abc at tolerance {tolerance:.3g}"
+                raise budget_error(method, self.max_simulations, accepted, self.n, simulations)
             remaining = self.n - accepted
             size = min(self.max_batch_size, max(remaining, math.ceil(1.2 * remaining / max(self.acceptance, 1e-6))))
             z, theta, log_ratio = self.propose(min(size, self.max_simulations - self.simulations), proposal)
