@@ -46,6 +46,12 @@ class Mechanism(abc.ABC):
         self.delta = float(delta)
 
     @property
+    def input_dim(self) -> int:
+        """Width of the confidential summary ``s`` it consumes (``dim`` unless the noise depends on more than
+        the released statistic, as with smooth sensitivity)."""
+        return self.dim
+
+    @property
     def noise_dim(self) -> int:
         """Number of uniforms that ``G`` consumes per release."""
         return self.dim
@@ -69,12 +75,12 @@ class Mechanism(abc.ABC):
     def sample(
         self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None
     ) -> Tensor:
-        """Releases for confidential statistics ``s`` of shape ``(..., dim)``.
+        """Releases for confidential statistics ``s`` of shape ``(..., input_dim)``.
 
         With ``u`` (shape ``(..., noise_dim)``, values in [0, 1)) the map is deterministic, which is
         what RQMC uses; without it, fresh uniforms come from ``generator``.
         """
-        self._check_last_dim("s", s, self.dim)
+        self._check_last_dim("s", s, self.input_dim)
         s = as_float(s)
         if u is None:
             u = torch.rand(

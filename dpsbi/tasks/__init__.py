@@ -39,6 +39,6 @@ def load(name: str, **kwargs) -> Task:
     return task
 
 
-from . import conjugate_gaussian, naive_bayes, poisson_counts, regression, sir, uniform_mixture  # noqa: E402,F401  (registration)
+from . import binary_responses, conjugate_gaussian, naive_bayes, normal_variance, poisson_counts, regression, sir, uniform_mixture  # noqa: E402,F401  (registration)
 
 __all__ = ["Task", "load", "names", "register"]

@@ -56,13 +56,12 @@ class Task:
         return self.mechanism.dim
 
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Confidential summaries ``(n, dim_s)`` for parameters ``(n, dim_theta)``; errors on NaN or bad shapes."""
+        """Confidential summaries ``(n, mechanism.input_dim)`` (usually ``dim_s``) for parameters ``(n, dim_theta)``; errors on NaN or bad shapes."""
         theta = self.check_theta(theta)
         s = self.simulator(theta, generator)
-        if s.shape != (theta.shape[0], self.dim_s):
-            raise RuntimeError(
-                f"task {self.name!r}: simulator returned shape {tuple(s.shape)}, expected {(theta.shape[0], self.dim_s)}"
-            )
+        expected = (theta.shape[0], self.mechanism.input_dim)
+        if s.shape != expected:
+            raise RuntimeError(f"task {self.name!r}: simulator returned shape {tuple(s.shape)}, expected {expected}")
         bad = ~torch.isfinite(s).all(-1)
         if bad.any():
             rows = bad.nonzero().flatten()[:5].tolist()
