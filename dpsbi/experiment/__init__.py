@@ -4,7 +4,7 @@
 ``dpsbi-compare``; ``reference_posterior`` is the cached reference; ``METHODS`` the method registry.
 """
 
-from .compare import collect, compare
+from .comparison import collect, compare
 from .config import ConfigError, build_task, config_dir, plan
 from .methods import METHODS, Method
 from .reference import Reference, reference_posterior

@@ -17,7 +17,7 @@ from .methods import Method
 #: Environment variable naming another config directory (a copy of ``configs/`` with your own groups).
 CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
 METRICS = ("c2st", "mmd", "nlog", "lmd")
-TRAINER_KEYS = ("accelerator", "devices", "precision", "num_workers")
+TRAINER_KEYS = ("accelerator", "devices", "precision", "threads")
 
 
 class ConfigError(ValueError):
@@ -38,12 +38,14 @@ def config_dir() -> Path:
 
 @dataclass
 class Plan:
-    """A validated run: the task, the methods with their keyword settings, the Lightning settings."""
+    """A validated run: the task, the methods with their keyword settings, the Lightning settings of the
+    neural methods, and the number of torch CPU threads (``None``: torch's default)."""
 
     task: Task
     task_config: dict
     methods: list[tuple[Method, dict]]
     trainer: dict
+    threads: int | None = None
 
 
 def _container(node) -> dict:
@@ -78,21 +80,26 @@ def method_settings(cfg: DictConfig, name: str, base: dict) -> dict:
 
 def _method_config(name: str) -> dict:
     """The ``method/<name>.yaml`` config of a companion method."""
-    methods.get(name)
+    if name not in methods.METHODS:
+        raise ConfigError(f"unknown companion method {name!r}; known methods: {', '.join(sorted(methods.METHODS))}")
     path = config_dir() / "method" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"companion {name!r} has no config file {path}")
     return _container(OmegaConf.load(path))
 
 
-def _trainer(cfg: DictConfig) -> dict:
+def _trainer(cfg: DictConfig) -> tuple[dict, int | None]:
+    """The Lightning keywords of the neural methods, and the torch thread count."""
     trainer = _container(cfg.get("trainer", {}))
     unknown = set(trainer) - set(TRAINER_KEYS)
     if unknown:
         raise ConfigError(f"unknown trainer keys {sorted(unknown)}; known: {', '.join(TRAINER_KEYS)}")
     if trainer.get("accelerator") in ("cuda", "gpu") and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=cuda but no CUDA device is visible; use trainer=auto or trainer=cpu")
-    return trainer
+    threads = trainer.pop("threads", None)
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"trainer.threads must be a positive integer or null, got {threads!r}")
+    return trainer, threads
 
 
 def _check_evaluation(cfg: DictConfig) -> None:
@@ -109,7 +116,7 @@ def _check_evaluation(cfg: DictConfig) -> None:
 def plan(cfg: DictConfig) -> Plan:
     """Check a composed config and build its task and methods; raises :class:`ConfigError` naming the problem."""
     _check_evaluation(cfg)
-    trainer = _trainer(cfg)
+    trainer, threads = _trainer(cfg)
     unknown = set(_container(cfg.get("method_settings", {}))) - set(methods.METHODS)
     if unknown:
         raise ConfigError(f"method_settings names unknown methods {sorted(unknown)}; known: {', '.join(sorted(methods.METHODS))}")
@@ -122,8 +129,11 @@ def plan(cfg: DictConfig) -> Plan:
     for config in configs:
         try:
             method = methods.get(config.get("name"))
-            method.check(task)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        try:
+            method.check(task)
+        except ValueError as error:
+            raise ConfigError(f"method {method.name!r} cannot run on task {task.name!r}: {error}") from None
         chosen.append((method, method_settings(cfg, method.name, config)))
-    return Plan(task, task_config, chosen, trainer)
+    return Plan(task, task_config, chosen, trainer, threads)

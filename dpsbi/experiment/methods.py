@@ -75,6 +75,24 @@ def normal_approximation(result, num_samples: int, generator: torch.Generator | 
     return draws.to(result.estimate.dtype)
 
 
+def _clt_model(task: Task) -> None:
+    """MH-CLT needs a Gaussian-CLT law of the summary and a Gaussian mechanism (Alparslan-Yildirim, Sec. 3.1)."""
+    from ..baselines.mcmc_clt import require_clt
+    from ..tasks.latent import summary_model_of
+
+    task.require_mechanism_release("mh_clt")
+    require_clt(summary_model_of(task, None, "mh_clt"), task.mechanism)
+
+
+def _latent_model(task: Task) -> None:
+    """MHAAR averages over latent summaries or records: the task must carry a model of one of them."""
+    from ..tasks.latent import record_model_of
+
+    task.require_mechanism_release("mhaar")
+    if getattr(task, "summary_model", None) is None:
+        record_model_of(task, None, "mhaar")
+
+
 def _confidential_summary(task: Task) -> None:
     """ABCDP runs on the data holder's side: it needs the task's confidential summary ``s_obs``."""
     if task.s_obs is None:
@@ -90,15 +108,15 @@ METHODS: dict[str, Method] = {
         Method("sppe", "dpsbi.inference:SPPE", neural=True),
         Method("sple", "dpsbi.inference:SPLE", neural=True),
         Method("naive_npe", "dpsbi.inference:NaiveNPE", neural=True),
-        Method("rejection_abc", "dpsbi.baselines:rejection_abc", preflight=_mechanism_density("rejection_abc")),
-        Method("abc_is", "dpsbi.baselines:abc_is", preflight=_mechanism_density("abc_is")),
-        Method("smc_abc", "dpsbi.baselines:smc_abc"),
-        Method("abcdp", "dpsbi.baselines:abcdp", preflight=_confidential_summary, seed_argument="generator"),
-        Method("mh_clt", "dpsbi.baselines:mh_clt", preflight=_mechanism_density("mh_clt")),
-        Method("pmmh", "dpsbi.baselines:pmmh", preflight=_mechanism_density("pmmh")),
-        Method("mhaar", "dpsbi.baselines:mhaar", preflight=_mechanism_density("mhaar")),
-        Method("da_mcmc", "dpsbi.baselines:da_mcmc", preflight=_record_likelihood),
-        Method("mcem", "dpsbi.baselines:mcem", preflight=_exponential_family, draws=normal_approximation),
+        Method("rejection_abc", "dpsbi.baselines.exact_abc:rejection_abc", preflight=_mechanism_density("rejection_abc")),
+        Method("abc_is", "dpsbi.baselines.exact_abc:abc_is", preflight=_mechanism_density("abc_is")),
+        Method("smc_abc", "dpsbi.baselines.smc_abc:smc_abc"),
+        Method("abcdp", "dpsbi.baselines.abcdp:abcdp", preflight=_confidential_summary, seed_argument="generator"),
+        Method("mh_clt", "dpsbi.baselines.mcmc_clt:mh_clt", preflight=_clt_model, seed_argument="generator"),
+        Method("pmmh", "dpsbi.baselines.pmmh:pmmh", preflight=_mechanism_density("pmmh"), seed_argument="generator"),
+        Method("mhaar", "dpsbi.baselines.mhaar:mhaar", preflight=_latent_model, seed_argument="generator"),
+        Method("da_mcmc", "dpsbi.baselines.da_mcmc:da_mcmc", preflight=_record_likelihood),
+        Method("mcem", "dpsbi.baselines.mcem:mcem", preflight=_exponential_family, draws=normal_approximation),
     ]
 }
 
@@ -135,12 +153,13 @@ def fit(
     on_round: RoundCallback,
 ) -> Any:
     """Fit ``method`` on ``task`` with keyword ``settings`` (its config); ``on_round`` receives every round's
-    ``num_samples`` draws at ``task.y_obs``. Returns the final state (posterior or baseline result)."""
+    ``num_samples`` draws at ``task.y_obs``, rounds counted from 1. Returns the final state (posterior or
+    baseline result)."""
     fn = method.load()
     if method.neural:
 
-        def round_end(index: int, posterior, num_simulations: int) -> None:
-            on_round(index, posterior.sample((num_samples,)), num_simulations, posterior)
+        def round_end(index: int, posterior, num_simulations: int) -> None:  # estimators count rounds from 0
+            on_round(index + 1, posterior.sample((num_samples,), seed=seed), num_simulations, posterior)
 
         return fn(
             task, **settings, **trainer, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=round_end

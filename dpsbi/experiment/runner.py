@@ -99,7 +99,7 @@ def _fit_and_score(method: methods.Method, settings: dict, plan: config.Plan, cf
 
     state = methods.fit(
         method, task, settings, seed=int(cfg.seed), num_samples=int(cfg.evaluation.num_samples), trainer=plan.trainer,
-        checkpoint_dir=str(directory / "lightning"), progress=bool(cfg.progress), on_round=on_round,
+        checkpoint_dir=str(directory / "checkpoints"), progress=bool(cfg.progress), on_round=on_round,
     )
     if not rows:
         raise RuntimeError(f"{method.name} finished without reporting a round (on_round_end never called)")
@@ -114,6 +114,8 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> list[dict]:
     :class:`~dpsbi.experiment.config.ConfigError` before any simulation."""
     plan = config.plan(cfg)
     task, out = plan.task, Path(output_dir)
+    if plan.threads is not None:
+        torch.set_num_threads(plan.threads)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     evaluation = cfg.evaluation

@@ -1,0 +1,237 @@
+"""The experiment layer: every task x method config composes and either runs on a tiny CPU budget or is refused
+with a clear error; outputs, reference cache, bad config values; dpsbi-run / dpsbi-sample / dpsbi-compare
+end to end."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import dpsbi
+from dpsbi import cli
+from dpsbi.experiment import METHODS, ConfigError, config_dir, plan, reference_posterior, run_experiment
+from dpsbi.experiment.outputs import read_draws, read_rows
+
+TASKS = dpsbi.tasks.names()
+OUTBREAKS = [t for t in TASKS if t.startswith("sir_")]
+RELEASED = [t for t in TASKS if t not in OUTBREAKS]  # tasks whose y_obs came from the mechanism
+#: Where each method runs with its default config: the rest are refused with a clear error.
+SUPPORT = {
+    "sppe": TASKS, "sple": TASKS, "naive_npe": TASKS, "smc_abc": TASKS,
+    "rejection_abc": RELEASED, "abc_is": RELEASED, "pmmh": RELEASED,
+    "abcdp": ["regression", "uniform_mixture"],  # needs the confidential summary s_obs
+    "da_mcmc": ["naive_bayes", "regression"],  # needs the record likelihood
+    "mhaar": ["binary_responses", "normal_variance"],  # needs a latent summary / record model
+    "mcem": ["poisson_counts"],  # needs a complete-data exponential family
+    "mh_clt": [],  # needs a Gaussian CLT law and a Gaussian mechanism: normal_variance with task.noise=gaussian
+}
+#: Small budgets and quiet output for every run of these tests.
+QUICK = ["companions=[]", "progress=false", "plots=false", "trainer=cpu", "trainer.threads=1", "evaluation.num_samples=200",
+         "evaluation.metrics=[mmd,nlog,lmd]", "evaluation.lmd_draws=50", "reference.num_samples=200",
+         "reference.pilot_simulations=100", "reference.max_simulations=3000", "reference.importance_particles=60"]
+NEURAL = ["method.max_epochs=2", "method.flow={transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}"]
+#: A cheap supported task and tiny settings for each method.
+TINY = {
+    "sppe": ["task=poisson_counts", "method.rounds=2", "method.sims_per_round=100", "method.inner_samples=4", *NEURAL],
+    "sple": ["task=poisson_counts", "method.rounds=1", "method.sims_per_round=100", "method.inner_samples=4",
+             "method.mcmc={num_chains: 10, warmup: 10, thin: 1, init_candidates: 100}", *NEURAL],
+    "naive_npe": ["task=poisson_counts", "method.sims=100", *NEURAL],
+    "rejection_abc": ["task=poisson_counts", "method.num_samples=200"],
+    "abc_is": ["task=poisson_counts", "method.num_simulations=2000"],
+    "smc_abc": ["task=poisson_counts", "method.num_particles=100", "method.tolerance_end=0.5"],
+    "abcdp": ["task=regression", "task.epsilon=10", "method.num_accepted=20", "method.max_proposals=2000"],
+    "mh_clt": ["task=normal_variance", "task.noise=gaussian", "method.num_iterations=200"],
+    "pmmh": ["task=poisson_counts", "method.num_iterations=200", "method.num_particles=20"],
+    "mhaar": ["task=binary_responses", "method.num_iterations=200", "method.num_particles=20"],
+    "da_mcmc": ["task=regression", "task.epsilon=10", "method.num_iterations=30", "method.num_chains=2"],
+    "mcem": ["task=poisson_counts", "+method.stages=[[500,1e-2],[2000,1e-3]]", "method.max_iterations=5"],
+}
+SIR_SMALL = ["task.population=10000"]  # the stored fractions stay valid releases; simulations 100x cheaper
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hydra_configs():
+    """Hydra initialised once for the module (composing is what the tests exercise, not initialising)."""
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        yield
+
+
+def config(*overrides: str, hydra: bool = False):
+    return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def test_every_task_and_method_has_a_config():
+    directory = config_dir()
+    assert sorted(p.stem for p in (directory / "task").glob("*.yaml")) == TASKS
+    assert sorted(p.stem for p in (directory / "method").glob("*.yaml")) == sorted(METHODS) == sorted(SUPPORT)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_method_pair_composes_and_runs_or_is_refused_clearly(task):
+    for method in sorted(METHODS):
+        cfg = config(f"task={task}", f"method={method}", "companions=[]")
+        if task in SUPPORT[method]:
+            assert [m.name for m, _ in plan(cfg).methods] == [method]
+        else:
+            with pytest.raises(ConfigError) as refusal:
+                plan(cfg)
+            assert str(refusal.value).startswith(f"method {method!r} cannot run on task {task!r}: ")
+            assert len(str(refusal.value)) > 60  # and says why
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_runs_on_a_tiny_budget(method, tmp_path):
+    cfg = config(f"method={method}", *TINY[method], *QUICK, f"reference.cache_dir={tmp_path / 'cache'}")
+    summary = run_experiment(cfg, tmp_path / "run")
+    (row,) = summary
+    assert row["method"] == method and row["num_simulations"] >= 0 and row["wall_time"] > 0
+    assert all(math.isfinite(row[m]) for m in ("mmd", "lmd") if m in row)
+    draws, names = read_draws(tmp_path / "run" / method / "samples.csv")
+    task = dpsbi.tasks.load(cfg.task.name, **{k: v for k, v in cfg.task.items() if k != "name"})
+    assert names == task.parameter_names and draws.shape[1] == task.dim_theta and torch.isfinite(draws).all()
+    rounds = read_rows(tmp_path / "run" / "metrics")
+    assert [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
+    assert all((tmp_path / "run" / method / "rounds" / f"round_{r['round']:02d}.pt").is_file() for r in rounds)
+    assert (tmp_path / "run" / method / ("posterior.pt" if METHODS[method].neural else "result.pt")).is_file()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_runs(task, tmp_path):
+    """A cheap baseline on each task (SMC-ABC, which runs everywhere; exact importance ABC on the discrete
+    randomized-response release, where a Euclidean tolerance accepts nothing), scored against its reference."""
+    method = ["method=abc_is", "method.num_simulations=500"] if task == "binary_responses" else \
+        ["method=smc_abc", "method.num_particles=60", "method.tolerance_end=0.7", "method.max_simulations=20000"]
+    extra = SIR_SMALL if task.startswith("sir") else []
+    cfg = config(f"task={task}", *method, *extra, *QUICK, f"reference.cache_dir={tmp_path / 'cache'}")
+    (row,) = run_experiment(cfg, tmp_path / "run")
+    reference = json.loads((tmp_path / "run" / "reference.json").read_text())
+    expected = "none" if task in OUTBREAKS else "closed_form" if task in ("poisson_counts", "conjugate_gaussian") else None
+    assert row["reference"] == reference["kind"] and (expected is None or reference["kind"] == expected)
+    assert ("mmd" in row) == (reference["kind"] != "none")
+    if not reference["exact"]:
+        assert reference["kind"] == "none" or reference["note"].startswith("APPROXIMATE")
+
+
+def test_rejection_abc_scores_like_the_exact_reference(tmp_path):
+    """Exact draws against exact draws: C2ST within 4 binomial sd of chance (the scoring pipeline is unbiased)."""
+    n = 400
+    cfg = config("task=poisson_counts", "method=rejection_abc", f"method.num_samples={n}", *QUICK, f"evaluation.num_samples={n}",
+                 f"reference.num_samples={n}", "evaluation.metrics=[c2st]", f"reference.cache_dir={tmp_path}")
+    (row,) = run_experiment(cfg, tmp_path / "run")
+    assert abs(row["c2st"] - 0.5) < 4 * math.sqrt(0.25 / (2 * n))
+
+
+def test_reference_is_exact_and_cached(tmp_path, monkeypatch):
+    task = dpsbi.tasks.load("poisson_counts")
+    settings = dict(pilot_simulations=200, max_simulations=10**6, importance_particles=100)
+    ref = reference_posterior(task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings)
+    assert ref.kind == "rejection" and ref.exact and ref.samples.shape == (2000, 1)
+    exact = task.exact_posterior(task.y_obs)
+    assert abs(float(ref.samples.mean()) - float(exact.mean)) < 4 * float(exact.variance.sqrt()) / math.sqrt(2000)
+    assert len(list(tmp_path.rglob("*.pt"))) == 1 and "poisson_counts" in str(next(tmp_path.rglob("*.pt")))
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("a cached reference must not be simulated again")
+
+    monkeypatch.setattr(dpsbi.baselines, "rejection_abc", no_simulation)
+    again = reference_posterior(task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings)
+    assert torch.equal(again.samples, ref.samples) and again.note == ref.note
+
+
+def test_sir_reference_says_it_is_approximate(tmp_path):
+    task = dpsbi.tasks.load("sir", epsilon=10.0, population=10000)
+    ref = reference_posterior(task, {"name": "sir", "population": 10000}, "auto", 100, tmp_path, seed=0, progress=False,
+                              pilot_simulations=100, max_simulations=10**5, importance_particles=60)
+    assert ref.kind == "importance" and not ref.exact and ref.note.startswith("APPROXIMATE") and "ESS" in ref.note
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["task.name=nope"], "unknown task 'nope'; known tasks: binary_responses"),
+        (["task.epsilon=0"], "task.epsilon must be a finite number > 0, got 0"),
+        (["task.epsilon=-1"], "task.epsilon must be a finite number > 0, got -1"),
+        (["task.epsilon=5"], "no stored release at epsilon=5"),
+        (["task=conjugate_gaussian", "task.y_obs=[1.0]"], "release must have shape"),
+        (["method.name=nope"], "unknown method 'nope'; known methods: abc_is"),
+        (["companions=[nope]"], "unknown companion method 'nope'"),
+        (["evaluation.metrics=[c2st,accuracy]"], "unknown metrics ['accuracy']"),
+        (["trainer.threads=0"], "trainer.threads must be a positive integer"),
+    ],
+)
+def test_bad_config_values_fail_at_start(overrides, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        run_experiment(config(*overrides), tmp_path / "run")
+    assert message in str(error.value)
+    assert not (tmp_path / "run").exists()  # nothing was run or written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of cuda on a machine without one")
+def test_cuda_without_a_gpu_fails_at_start(tmp_path):
+    with pytest.raises(ConfigError, match="no CUDA device is visible"):
+        run_experiment(config("trainer=cuda"), tmp_path / "run")
+
+
+def test_unknown_task_group_lists_the_options():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match="regression"):
+        config("task=nope")
+
+
+def test_presets_and_launchers_compose():
+    for preset in sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml")):
+        cfg = config(f"experiment={preset}", hydra=True)
+        assert cfg.companions == [] and cfg.method_settings.sppe.rounds == 10
+        for method in str(cfg.hydra.sweeper.params.get("method", "sppe")).split(","):
+            assert method in METHODS
+    cfg = config("hydra/launcher=local", hydra=True)
+    assert "JoblibLauncher" in cfg.hydra.launcher._target_
+    assert config("experiment=sir_eps1").task.epsilon == 1.0
+
+
+def _cli(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / name
+    env = {**os.environ, "DPSBI_CACHE": str(cwd / "cache"), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
+    naive = "{sims: 100, max_epochs: 2, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
+    sweep = _cli("dpsbi-run", "-m", "task=poisson_counts", "method=naive_npe,rejection_abc", f"+method_settings.naive_npe={naive}",
+                 "+method_settings.rejection_abc.num_samples=200", *QUICK, "plots=true", f"hydra.sweep.dir={tmp_path / 'multi'}", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    runs = sorted((tmp_path / "multi").glob("*/summary.json"))
+    assert len(runs) == 2 and (tmp_path / "multi" / "comparison.png").is_file()  # the sweep-end callback compared them
+    assert "naive_npe" in sweep.stdout and "rejection_abc" in sweep.stdout
+    naive, rejection = (p.parent for p in runs)
+    assert {p.name for p in naive.glob("*.png")} == {"pairplot.png", "metrics.png"}
+
+    out = _cli("dpsbi-sample", str(naive), "--release", "45", "-n", "300", "-o", "draws45.csv", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    high, names = read_draws(tmp_path / "draws45.csv")
+    assert names == ["theta"] and high.shape == (300, 1) and "mean" in out.stdout
+    (tmp_path / "low.txt").write_text("20\n")
+    cli.sample([str(naive / "naive_npe" / "posterior.pt"), "--release-file", str(tmp_path / "low.txt"), "-n", "300", "-o", str(tmp_path / "draws20.csv")])
+    assert high.mean() > read_draws(tmp_path / "draws20.csv")[0].mean()  # an amortized posterior follows the release
+
+    with pytest.raises(SystemExit, match=r"release must have shape \(n, 1\)"):
+        cli.sample([str(naive), "--release", "1,2"])
+    with pytest.raises(SystemExit, match="cannot be sampled at a new release"):
+        cli.sample([str(rejection), "--release", "20"])
+    (tmp_path / "multi" / "comparison.png").unlink()
+    cli.compare([str(tmp_path / "multi")])
+    assert (tmp_path / "multi" / "comparison.png").is_file() and "rejection_abc" in capsys.readouterr().out
+
+
+def test_dpsbi_run_reports_a_bad_value_in_one_line(tmp_path):
+    out = _cli("dpsbi-run", "task.epsilon=-1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "dpsbi-run: config error: task.epsilon must be a finite number > 0, got -1" in out.stderr
+    assert "Traceback" not in out.stderr
