@@ -64,7 +64,10 @@ class Gaussian(Mechanism):
         mu = check_positive("mu", mu)
         if analytic_delta(mu, 1e-12) <= delta:
             raise ValueError(f"a {mu}-GDP mechanism is already (0, {delta})-DP; choose a smaller delta")
-        epsilon = brentq(lambda e: analytic_delta(mu, e) - delta, 1e-12, 1e4, xtol=1e-14)
+        upper = 1.0
+        while analytic_delta(mu, upper) > delta:  # delta(epsilon) decreases; bracket the root
+            upper *= 2
+        epsilon = brentq(lambda e: analytic_delta(mu, e) - delta, 1e-12, upper, xtol=1e-14)
         mech = cls(epsilon, delta, sensitivity, dim, calibration="analytic")
         mech.mu, mech.sigma = mu, mech.sensitivity / mu
         return mech
