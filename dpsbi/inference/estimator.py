@@ -1,0 +1,224 @@
+"""The sequential round loop shared by SPPE, SPLE and NaiveNPE: simulate from the current proposal, keep
+every simulation, train the flow on all of them, checkpoint, repeat."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, ClassVar
+
+import torch
+from torch import Tensor
+from torch.utils.data import TensorDataset
+from tqdm.auto import trange
+
+from ..tasks import Task
+from .flows import ConditionalFlow, FlowConfig
+from .parameters import ParameterSpace
+from .posterior import Posterior, _task_spec
+from .seeding import derive_seed
+from .training import Loss, TrainingSettings, fit_flow
+
+CHECKPOINT_FORMAT = "dpsbi-checkpoint"
+CHECKPOINT_VERSION = 1
+#: Settings that may change between a run and its resumption.
+RESUMABLE = ("rounds",)
+
+RoundCallback = Callable[[int, Posterior, int], None]
+
+
+class SequentialEstimator:
+    """Base of the neural estimators. Subclasses say what the flow models (:meth:`flow_data`), which loss
+    trains it in a round (:meth:`loss`), and which posterior it gives (:meth:`posterior`).
+
+    Round ``r`` (0-based) draws ``sims_per_round`` parameters from the prior (``r = 0``) or from the
+    current posterior at ``task.y_obs``, simulates their confidential summaries, holds out
+    ``validation_fraction`` of them for validation, and trains the flow (continuing from the previous
+    round's weights) on all simulations so far. With ``checkpoint_dir`` the state after each round is
+    written there and :meth:`run` resumes from the last finished round with the stored simulations.
+    ``on_round_end(round_index, posterior, num_simulations)`` is called after each round.
+    """
+
+    method: ClassVar[str]
+
+    def __init__(
+        self,
+        task: Task,
+        rounds: int = 10,
+        sims_per_round: int = 1000,
+        inner_samples: int = 32,
+        qmc: bool = True,
+        flow: FlowConfig | dict | None = None,
+        batch_size: int = 100,
+        lr: float = 5e-4,
+        weight_decay: float = 1e-4,
+        clip: float = 5.0,
+        patience: int = 20,
+        max_epochs: int | None = None,
+        validation_fraction: float = 0.05,
+        seed: int = 0,
+        accelerator: str = "auto",
+        devices: int | str | list = 1,
+        precision: str | int = "32-true",
+        checkpoint_dir: str | os.PathLike | None = None,
+        progress: bool = True,
+        on_round_end: RoundCallback | None = None,
+    ) -> None:
+        if int(rounds) < 1 or int(sims_per_round) < 2 or int(inner_samples) < 1:
+            raise ValueError(
+                f"need rounds >= 1, sims_per_round >= 2 and inner_samples >= 1, got {rounds}, {sims_per_round}, {inner_samples}"
+            )
+        if qmc and inner_samples & (inner_samples - 1):
+            raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
+        if not 0 < validation_fraction < 1 or round(validation_fraction * sims_per_round) >= sims_per_round:
+            raise ValueError(f"validation_fraction must leave training data in (0, 1), got {validation_fraction}")
+        if rounds > 1 and task.y_obs is None:
+            raise ValueError(f"sequential rounds propose at task.y_obs, but task {task.name!r} has none")
+        self.task, self.space = task, ParameterSpace(task)
+        self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
+        self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
+        self.flow_config = FlowConfig.coerce(flow)
+        self.settings = TrainingSettings(batch_size, lr, weight_decay, clip, patience, max_epochs, accelerator, devices, precision)
+        self.validation_fraction, self.seed = float(validation_fraction), int(seed)
+        self.checkpoint_path = Path(checkpoint_dir) / "checkpoint.pt" if checkpoint_dir is not None else None
+        self.progress, self.on_round_end = bool(progress), on_round_end
+        self.flow: ConditionalFlow | None = None
+        self.data: dict[str, Tensor] = {}
+        self.history: list[dict] = []
+
+    # ---- what subclasses define ---------------------------------------------------------------------
+    def flow_data(self, z: Tensor, s: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Example ``(inputs, context)`` of the flow, from which its z-scoring is computed."""
+        raise NotImplementedError
+
+    def tensors(self, z: Tensor, s: Tensor) -> tuple[Tensor, ...]:
+        """The training tensors of each simulation (a batch of them is what :meth:`loss` receives)."""
+        return z, s
+
+    def loss(self, round_index: int) -> Loss:
+        raise NotImplementedError
+
+    def posterior(self, round_index: int) -> Posterior:
+        """The posterior after round ``round_index``, on a copy of the current flow."""
+        raise NotImplementedError
+
+    def options(self) -> dict:
+        """Method-specific settings (part of the checkpoint's fingerprint)."""
+        return {}
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    @property
+    def num_simulations(self) -> int:
+        return int(self.data["theta"].shape[0]) if self.data else 0
+
+    def run(self) -> Posterior:
+        """Train the remaining rounds and return the final posterior."""
+        start = self._resume()
+        posterior = self.posterior(start - 1) if start else None
+        for r in trange(start, self.rounds, desc=f"{self.method} rounds", disable=not self.progress or start >= self.rounds):
+            began = time.perf_counter()
+            self._simulate(r, posterior)
+            if self.flow is None:
+                self.flow = self._build_flow()
+            fit = fit_flow(self.flow, self.loss(r), self._dataset(False), self._dataset(True), self.settings, derive_seed(self.seed, r, "fit"), self.progress)
+            posterior = self.posterior(r)
+            self.history.append({"round": r, "num_simulations": self.num_simulations, "seconds": time.perf_counter() - began, **fit})
+            self._save_checkpoint()
+            if self.on_round_end is not None:
+                self.on_round_end(r, posterior, self.num_simulations)
+        return posterior
+
+    def _simulate(self, r: int, posterior: Posterior | None) -> None:
+        """Draw this round's parameters, simulate their summaries, pick the validation rows, store them."""
+        n = self.sims_per_round
+        if posterior is None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(self.seed, r, "prior"))
+                theta = self.task.prior.sample((n,))
+        else:
+            theta = posterior.sample((n,), seed=derive_seed(self.seed, r, "propose")).to(self.space.device)
+        generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, r, "simulate"))
+        s = self.task.simulate(theta, generator)
+        validation = torch.zeros(n, dtype=torch.bool, device=theta.device)
+        validation[torch.randperm(n, generator=generator, device=theta.device)[: max(1, round(self.validation_fraction * n))]] = True
+        new = {"theta": theta, "s": s, "round": torch.full((n,), r, device=theta.device), "validation": validation}
+        self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
+
+    def _build_flow(self) -> ConditionalFlow:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, "flow"))
+            generator = torch.Generator(device=self.space.device).manual_seed(derive_seed(self.seed, "flow"))
+            inputs, context = self.flow_data(self.space.to_z(self.data["theta"]), self.data["s"], generator)
+            return ConditionalFlow(self.flow_config, inputs, context)
+
+    def _dataset(self, validation: bool) -> TensorDataset:
+        rows = self.data["validation"] == validation
+        return TensorDataset(*self.tensors(self.space.to_z(self.data["theta"][rows]), self.data["s"][rows]))
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    def fingerprint(self) -> dict:
+        """Everything that determines the run's result (JSON-able); a checkpoint must match it to resume."""
+        task = _task_spec(self.task) or {"name": self.task.name}
+        task["y_obs"] = None if self.task.y_obs is None else self.task.y_obs.tolist()
+        return {
+            "method": self.method,
+            "task": task,
+            "rounds": self.rounds,
+            "sims_per_round": self.sims_per_round,
+            "inner_samples": self.inner_samples,
+            "qmc": self.qmc,
+            "flow": self.flow_config.to_dict(),
+            "training": self.settings.to_dict(),
+            "validation_fraction": self.validation_fraction,
+            "seed": self.seed,
+            **self.options(),
+        }
+
+    def _save_checkpoint(self) -> None:
+        if self.checkpoint_path is None:
+            return
+        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "fingerprint": json.dumps(self.fingerprint()),
+            "history": json.dumps(self.history),
+            "flow_shape": [self.flow.dim, self.flow.context_dim],
+            "flow": {k: v.detach().cpu() for k, v in self.flow.state_dict().items()},
+            "data": {k: v.cpu() for k, v in self.data.items()},
+        }
+        tmp = self.checkpoint_path.with_suffix(".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, self.checkpoint_path)  # atomic: a kill never leaves half a checkpoint
+
+    def _resume(self) -> int:
+        """Load the checkpoint if there is one; returns the number of finished rounds."""
+        if self.checkpoint_path is None or not self.checkpoint_path.exists():
+            return 0
+        try:
+            payload = torch.load(self.checkpoint_path, map_location=self.space.device, weights_only=True)
+            assert isinstance(payload, dict) and payload.get("format") == CHECKPOINT_FORMAT
+            stored = json.loads(payload["fingerprint"])
+        except Exception as error:
+            raise ValueError(f"{self.checkpoint_path} is not a readable dpsbi checkpoint ({type(error).__name__}: {error})") from None
+        current = self.fingerprint()
+        differ = sorted(k for k in set(stored) | set(current) if k not in RESUMABLE and stored.get(k) != current.get(k))
+        if differ:
+            raise ValueError(
+                f"{self.checkpoint_path} belongs to a different run (settings differ: {', '.join(differ)}); "
+                "use another checkpoint_dir or the same settings"
+            )
+        self.data = payload["data"]
+        self.history = json.loads(payload["history"])
+        self.flow = ConditionalFlow.blank(self.flow_config, *payload["flow_shape"])
+        self.flow.load_state_dict(payload["flow"])
+        return len(self.history)
+
+    def _posterior_flow(self) -> ConditionalFlow:
+        return copy.deepcopy(self.flow).eval()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(task={self.task.name!r}, rounds={self.rounds}, sims_per_round={self.sims_per_round})"

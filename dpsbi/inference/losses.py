@@ -1,0 +1,132 @@
+"""The SPPE and SPLE losses: averages over ``M`` inner releases ``y_ij = G(s_i, u_ij)`` per training pair.
+
+The uniforms ``u_ij`` are scrambled Sobol points, independently randomized per pair (RQMC, ``qmc=True``),
+or plain uniforms (MC, ``qmc=False``); ``M = 1`` with MC is the naive single-release estimator. All ``N x M``
+(x atoms) flow evaluations of a batch run as one vectorized call.
+
+``flow`` is any conditional density with ``log_prob(x, context)`` broadcasting over batch shapes, e.g.
+:class:`~dpsbi.inference.flows.ConditionalFlow`. Parameters are in the flow's space (the task's
+unconstrained space, ``z = task.transform.inv(theta)``; the identity for most tasks).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..mechanisms import Mechanism
+from ..qmc import uniforms
+
+
+def inner_releases(
+    s: Tensor,
+    mechanism: Mechanism,
+    inner_samples: int,
+    qmc: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Releases ``y_ij = G(s_i, u_ij)`` of shape ``(N, M, dim_s)`` for confidential summaries ``s (N, dim_s)``."""
+    u = uniforms(s.shape[0], inner_samples, mechanism.noise_dim, qmc=qmc, generator=generator, device=s.device, dtype=s.dtype)
+    return mechanism.sample(s.unsqueeze(-2), u)
+
+
+def atom_indices(batch: int, atoms: int, generator: torch.Generator | None = None, device=None) -> Tensor:
+    """``(batch, atoms)`` row indices: row ``i`` itself, then ``atoms - 1`` distinct other rows drawn uniformly
+    (the batch is a uniform draw from all simulations so far, so the atoms are too)."""
+    if not 1 <= atoms <= batch:
+        raise ValueError(f"atoms must lie in [1, batch size = {batch}], got {atoms}")
+    own = torch.arange(batch, device=device).unsqueeze(-1)
+    if atoms == 1:
+        return own
+    weights = 1.0 - torch.eye(batch, device=device)
+    others = torch.multinomial(weights, atoms - 1, replacement=False, generator=generator)
+    return torch.cat([own, others], dim=-1)
+
+
+def posterior_loss(
+    flow,
+    theta: Tensor,
+    y: Tensor,
+    atoms: int = 1,
+    log_prior: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Posterior-estimation loss for parameters ``theta (N, d)`` and releases ``y (N, M, dim_y)``.
+
+    ``atoms = 1``: ``-mean_ij log q(theta_i | y_ij)`` (proposal = prior). ``atoms = A > 1``: atomic APT,
+    ``-mean_ij log softmax_a [log q(theta_a | y_ij) - log p(theta_a)]`` at the true ``theta_i``, with the
+    atoms of row ``i`` (itself and ``A - 1`` other rows, shared by its ``M`` releases) and ``log_prior (N,)``
+    the prior log densities of the rows in the flow's space. ``A`` is capped at the batch size.
+    ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean.
+    """
+    if atoms == 1:
+        return _reduce(-flow.log_prob(theta.unsqueeze(-2), y), reduction)
+    if log_prior is None:
+        raise ValueError("the atomic loss (atoms > 1) needs log_prior, the prior log density of every row")
+    index = atom_indices(theta.shape[0], min(atoms, theta.shape[0]), generator, theta.device)  # (N, A)
+    logits = flow.log_prob(theta[index].unsqueeze(1), y.unsqueeze(2)) - log_prior[index].unsqueeze(1)  # (N, M, A)
+    return _reduce(-torch.log_softmax(logits, dim=-1)[..., 0], reduction)
+
+
+def sppe_loss(
+    flow,
+    theta: Tensor,
+    s: Tensor,
+    mechanism: Mechanism,
+    inner_samples: int = 32,
+    qmc: bool = True,
+    generator: torch.Generator | None = None,
+    atoms: int = 1,
+    log_prior: Tensor | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """SPPE loss of a posterior flow ``q(theta | y)`` on pairs ``theta (N, d)``, ``s (N, dim_s)``:
+    :func:`posterior_loss` on ``M = inner_samples`` fresh releases of each ``s_i``."""
+    y = inner_releases(s, mechanism, inner_samples, qmc, generator)
+    return posterior_loss(flow, theta, y, atoms, log_prior, generator, reduction)
+
+
+def sple_loss(
+    flow,
+    theta: Tensor,
+    s: Tensor,
+    mechanism: Mechanism,
+    inner_samples: int = 32,
+    qmc: bool = True,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """SPLE loss of a likelihood flow ``q(y | theta)``: ``-mean_ij log q(y_ij | theta_i)`` over
+    ``M = inner_samples`` fresh releases ``y_ij`` of each ``s_i``; ``theta (N, d)``, ``s (N, dim_s)``.
+    ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean."""
+    y = inner_releases(s, mechanism, inner_samples, qmc, generator)
+    return _reduce(-flow.log_prob(y, theta.unsqueeze(-2)), reduction)
+
+
+def _reduce(terms: Tensor, reduction: str) -> Tensor:
+    """Loss terms ``(N, M)`` averaged over the inner draws (``"none"``: shape ``(N,)``) or over all (``"mean"``)."""
+    if reduction == "mean":
+        return terms.mean()
+    if reduction == "none":
+        return terms.mean(-1)
+    raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+
+
+def loss_estimates(
+    loss,
+    flow,
+    theta: Tensor,
+    s: Tensor,
+    mechanism: Mechanism,
+    inner_samples: int,
+    qmc: bool,
+    repeats: int,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``repeats`` independent estimates of ``loss`` (:func:`sppe_loss` or :func:`sple_loss`, one-round
+    form) for the fixed pairs ``theta (N, d)``, ``s (N, dim_s)``, differing only in the mechanism noise.
+    One batched call: the pairs are replicated ``repeats`` times, each copy with its own randomization."""
+    with torch.no_grad():
+        rows = loss(flow, theta.repeat(repeats, 1), s.repeat(repeats, 1), mechanism, inner_samples, qmc, generator, reduction="none")
+    return rows.reshape(repeats, theta.shape[0]).mean(-1)

@@ -1,0 +1,254 @@
+"""Trained posteriors: sampling, densities, and a safe file format (state_dict + JSON metadata)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from .. import tasks
+from ..tasks import Task
+from .flows import ConditionalFlow, FlowConfig
+from .mcmc import MCMCConfig, resample_init, slice_sample
+from .parameters import ParameterSpace
+from .seeding import draw_seed, make_generator
+
+FORMAT = "dpsbi-posterior"
+VERSION = 1
+
+
+class Posterior:
+    """A posterior over a task's parameters given releases ``y``, built on a trained conditional flow.
+
+    ``sample(sample_shape, y=None, generator=None, seed=None)`` returns parameters in the prior's space,
+    shape ``sample_shape + (dim_theta,)``; ``log_prob(theta, y=None)`` returns ``theta.shape[:-1]``. ``y``
+    defaults to ``task.y_obs`` and is validated with ``task.check_release``. Results live on the flow's
+    device.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, task: Task, flow: ConditionalFlow, method: str) -> None:
+        self.task, self.flow, self.method = task, flow.eval(), method
+        self.space = ParameterSpace(task)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.flow.parameters()).device
+
+    def to(self, device: torch.device | str) -> "Posterior":
+        """Move the flow to ``device`` (in place); returns ``self``."""
+        self.flow.to(device)
+        return self
+
+    def sample(self, sample_shape=(), y: Tensor | None = None, generator: torch.Generator | None = None, seed: int | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def release(self, y: Tensor | None) -> Tensor:
+        """``y`` (default ``task.y_obs``) as a checked ``(1, dim_s)`` release on the flow's device."""
+        if y is None:
+            if self.task.y_obs is None:
+                raise ValueError(f"task {self.task.name!r} has no observed release; pass y=")
+            y = self.task.y_obs
+        y = self.task.check_release(y)
+        if y.shape[0] != 1:
+            raise ValueError(f"give one release of shape (1, {self.task.dim_s}), got {y.shape[0]} rows")
+        return y.to(self.device, torch.get_default_dtype())
+
+    def _check_theta(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+        """``theta`` as a float tensor on the flow's device and a mask of rows inside the prior's support."""
+        theta = torch.as_tensor(theta, dtype=torch.get_default_dtype()).to(self.device)
+        if theta.ndim == 0 or theta.shape[-1] != self.task.dim_theta:
+            raise ValueError(f"theta must have shape (..., {self.task.dim_theta}), got {tuple(theta.shape)}")
+        inside = self.task.prior.support.check(theta.to(self.space.device)).to(self.device)
+        return theta, inside.all(-1) if inside.ndim == theta.ndim else inside
+
+    def _noise_generator(self, generator: torch.Generator | None, seed: int | None) -> torch.Generator | None:
+        """The generator for this call; a seed makes a CPU-independent stream so that samples do not
+        depend on the device the flow sits on."""
+        return make_generator(seed, generator, device=self.space.device)
+
+    # ---- saving -------------------------------------------------------------------------------------
+    def metadata(self) -> dict:
+        """JSON-able description from which :func:`load_posterior` rebuilds this posterior."""
+        return {
+            "kind": self.kind,
+            "method": self.method,
+            "task": _task_spec(self.task),
+            "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
+            "flow": {"config": self.flow.config.to_dict(), "dim": self.flow.dim, "context_dim": self.flow.context_dim},
+            "options": self.options(),
+        }
+
+    def options(self) -> dict:
+        return {}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the flow's ``state_dict`` and JSON metadata (no pickled objects) to ``path``."""
+        state = {k: v.detach().cpu() for k, v in self.flow.state_dict().items()}
+        payload = {"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state}
+        tmp = f"{os.fspath(path)}.tmp"
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(method={self.method!r}, task={self.task.name!r}, device={self.device})"
+
+
+class FlowPosterior(Posterior):
+    """``q(theta | y)``: a posterior flow in the unconstrained space, ``theta = T(z)`` with its log-det.
+
+    ``amortized`` says whether it was trained on prior draws (valid at any release) or sequentially
+    for ``task.y_obs`` (then other releases trigger a warning).
+    """
+
+    kind = "flow"
+
+    def __init__(self, task: Task, flow: ConditionalFlow, method: str, amortized: bool) -> None:
+        super().__init__(task, flow, method)
+        self.amortized = bool(amortized)
+
+    def options(self) -> dict:
+        return {"amortized": self.amortized}
+
+    def release(self, y: Tensor | None) -> Tensor:
+        y_checked = super().release(y)
+        if y is not None and not self.amortized and not self._is_y_obs(y_checked):
+            warnings.warn(
+                f"this {self.method} posterior was trained sequentially for task.y_obs; at another release it is "
+                "not a valid posterior (train with rounds=1 for an amortized one)",
+                stacklevel=3,
+            )
+        return y_checked
+
+    def _is_y_obs(self, y: Tensor) -> bool:
+        return self.task.y_obs is not None and torch.allclose(y.cpu(), self.task.y_obs.cpu().to(y.dtype))
+
+    @torch.no_grad()
+    def sample(self, sample_shape=(), y=None, generator=None, seed=None) -> Tensor:
+        y = self.release(y)
+        shape = torch.Size(sample_shape)
+        gen = self._noise_generator(generator, seed)
+        noise = torch.randn(shape.numel(), self.flow.dim, generator=gen, device=gen.device if gen else None)
+        z = self.flow.sample(noise.to(self.device), y)
+        return self.space.to_theta(z).reshape(shape + (self.task.dim_theta,))
+
+    @torch.no_grad()
+    def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
+        y = self.release(y)
+        theta, inside = self._check_theta(theta)
+        z = self.space.to_z(theta)
+        value = self.flow.log_prob(z, y) - self.space.log_abs_det(z)
+        return torch.where(inside, value, -math.inf)
+
+
+class LikelihoodPosterior(Posterior):
+    """``prior(theta) q(y | theta)`` for a likelihood flow ``q``, sampled by slice sampling in the
+    unconstrained space; ``log_prob`` is unnormalized (exact up to a constant in ``theta``)."""
+
+    kind = "likelihood"
+
+    def __init__(self, task: Task, flow: ConditionalFlow, method: str, mcmc: MCMCConfig | dict | None = None, progress: bool = False) -> None:
+        super().__init__(task, flow, method)
+        self.mcmc = MCMCConfig.coerce(mcmc)
+        self.progress = progress
+
+    def options(self) -> dict:
+        return {"mcmc": self.mcmc.to_dict()}
+
+    def log_density_z(self, z: Tensor, y: Tensor) -> Tensor:
+        """Unnormalized log posterior in ``z``: ``log p_z(z) + log q(y | z)``, shape ``z.shape[:-1]``."""
+        return self.space.log_prior_z(z) + self.flow.log_prob(y, z)
+
+    @torch.no_grad()
+    def sample(self, sample_shape=(), y=None, generator=None, seed=None) -> Tensor:
+        y = self.release(y)
+        shape = torch.Size(sample_shape)
+        run_seed = draw_seed(self._noise_generator(generator, seed))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(run_seed)
+            candidates = self.space.to_z(self.task.prior.sample((self.mcmc.init_candidates,))).to(self.device)
+        init_gen = torch.Generator(device=self.device).manual_seed(run_seed)
+        init = resample_init(candidates, self.log_density_z(candidates, y), self.mcmc.num_chains, init_gen)
+        width = candidates.std(0)  # the prior's spread: wider than the posterior's, as the sampler likes it
+        z = slice_sample(lambda v: self.log_density_z(v, y), init, shape.numel(), self.mcmc, run_seed, width, self.progress)
+        return self.space.to_theta(z).reshape(shape + (self.task.dim_theta,))
+
+    @torch.no_grad()
+    def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
+        y = self.release(y)
+        theta, inside = self._check_theta(theta)
+        value = self.task.prior.log_prob(theta.to(self.space.device)).to(self.device) + self.flow.log_prob(y, self.space.to_z(theta))
+        return torch.where(inside, value, -math.inf)
+
+
+_KINDS = {cls.kind: cls for cls in (FlowPosterior, LikelihoodPosterior)}
+
+
+def _jsonable(value):
+    """Task keyword arguments as JSON values (tensors and tuples become lists)."""
+    if torch.is_tensor(value):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"cannot record task argument {value!r} of type {type(value).__name__} in a posterior file")
+
+
+def _task_spec(task: Task) -> dict | None:
+    spec = getattr(task, "spec", None)
+    return None if spec is None else {"name": spec["name"], "kwargs": _jsonable(spec["kwargs"])}
+
+
+def _read(path: str | os.PathLike, device: torch.device) -> tuple[dict, dict]:
+    """Metadata and state_dict of a posterior file, or a ``ValueError`` saying why it is refused."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no posterior file at {path}")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # corrupted, truncated, or a pickle of arbitrary objects
+        raise ValueError(f"{path} is not a readable dpsbi posterior file ({type(error).__name__}: {error})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a dpsbi posterior file (no {FORMAT!r} marker); refusing to load it")
+    if payload.get("version") != VERSION:
+        raise ValueError(f"{path} has posterior format version {payload.get('version')!r}; this dpsbi reads version {VERSION}")
+    try:
+        meta = json.loads(payload["meta"])
+        state = dict(payload["state_dict"])
+        if meta["kind"] not in _KINDS:
+            raise ValueError(f"unknown posterior kind {meta['kind']!r}")
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path} is a damaged dpsbi posterior file ({error})") from None
+    return meta, state
+
+
+def load_posterior(path: str | os.PathLike, device: torch.device | str | None = None, task: Task | None = None) -> Posterior:
+    """Rebuild a posterior written by ``Posterior.save``, with its flow on ``device`` (default: torch's
+    default device). Only tensors and plain containers are read (``weights_only=True``); the task is
+    rebuilt from its recorded name and arguments unless ``task`` is given."""
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    meta, state = _read(path, device)
+    if task is None:
+        if meta["task"] is None:
+            raise ValueError(f"{path} does not record how to build its task (not made by dpsbi.tasks.load); pass task=")
+        task = tasks.load(meta["task"]["name"], **meta["task"]["kwargs"])
+    if meta["y_obs"] is not None:
+        task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
+    spec = meta["flow"]
+    flow = ConditionalFlow.blank(FlowConfig.coerce(spec["config"]), spec["dim"], spec["context_dim"])
+    try:
+        flow.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(f"{path}: the stored weights do not fit the recorded flow ({error})") from None
+    return _KINDS[meta["kind"]](task, flow.to(device), meta["method"], **meta["options"])

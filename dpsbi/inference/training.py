@@ -1,0 +1,153 @@
+"""One round of flow training with PyTorch Lightning: Adam, gradient clipping, early stopping on a
+validation loss, and the weights of the best validation epoch restored at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import EarlyStopping
+from torch import Tensor, nn
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+from .seeding import derive_seed
+
+#: ``loss(flow, batch, generator) -> scalar``: a batch is the tuple of tensors of the dataset.
+Loss = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], Tensor]
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Optimizer and trainer settings of every round (defaults: the paper's)."""
+
+    batch_size: int = 100
+    lr: float = 5e-4
+    weight_decay: float = 1e-4
+    clip: float = 5.0
+    patience: int = 20
+    max_epochs: int | None = None
+    accelerator: str = "auto"
+    devices: int | str | list = 1
+    precision: str | int = "32-true"
+
+    def __post_init__(self) -> None:
+        checks = {
+            "batch_size": self.batch_size >= 1,
+            "lr": self.lr > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "clip": self.clip > 0,
+            "patience": self.patience >= 1,
+            "max_epochs": self.max_epochs is None or self.max_epochs >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LossModule(pl.LightningModule):
+    """Trains ``flow`` on ``loss``. Every training step draws fresh mechanism noise from a generator seeded
+    with ``train_seed``; every validation epoch reuses the same noise (``val_seed``), so that validation
+    losses of different epochs differ only through the weights. Keeps the best weights seen."""
+
+    def __init__(self, flow: nn.Module, loss: Loss, settings: TrainingSettings, train_seed: int, val_seed: int) -> None:
+        super().__init__()
+        self.flow, self.loss, self.settings = flow, loss, settings
+        self.train_seed, self.val_seed = train_seed, val_seed
+        self.best_loss, self.best_state, self.epochs = math.inf, None, 0
+
+    def on_fit_start(self) -> None:
+        self.train_generator = torch.Generator(device=self.device).manual_seed(self.train_seed)
+
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        loss = self.loss(self.flow, batch, self.train_generator)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[0]))
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_generator = torch.Generator(device=self.device).manual_seed(self.val_seed)
+        self.val_sum, self.val_count = 0.0, 0
+
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+        n = len(batch[0])
+        self.val_sum += float(self.loss(self.flow, batch, self.val_generator)) * n
+        self.val_count += n
+
+    def on_validation_epoch_end(self) -> None:
+        value = self.val_sum / self.val_count
+        self.log("val_loss", value, prog_bar=True)
+        self.epochs += 1
+        if value < self.best_loss:
+            self.best_loss = value
+            self.best_state = {k: v.detach().clone() for k, v in self.flow.state_dict().items()}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.flow.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+
+
+@contextlib.contextmanager
+def _quiet(progress: bool):
+    """Silence Lightning's banner and its data-loader advice (the data sit in memory) unless ``progress``."""
+    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*number of training batches.*smaller than the logging interval.*")
+        if not progress:
+            for lg in loggers:
+                lg.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
+def _loader(data: TensorDataset, batch_size: int, shuffle: torch.Generator | None = None) -> DataLoader:
+    """Batches of ``data`` taken by tensor indexing (no per-row collation); shuffled by ``shuffle`` if given."""
+    order = RandomSampler(data, generator=shuffle) if shuffle is not None else SequentialSampler(data)
+    return DataLoader(data, sampler=BatchSampler(order, batch_size, drop_last=False), batch_size=None)
+
+
+def fit_flow(
+    flow: nn.Module,
+    loss: Loss,
+    train: TensorDataset,
+    val: TensorDataset,
+    settings: TrainingSettings,
+    seed: int,
+    progress: bool = True,
+) -> dict:
+    """Train ``flow`` in place with one Lightning ``Trainer`` until the validation loss has not improved
+    for ``patience`` epochs (or ``max_epochs``), then restore its best weights; the flow stays on the
+    training device. Returns ``{"epochs", "best_val_loss"}``."""
+    shuffle = torch.Generator().manual_seed(derive_seed(seed, "shuffle"))
+    module = LossModule(flow, loss, settings, derive_seed(seed, "noise"), derive_seed(seed, "validation"))
+    with _quiet(progress):
+        trainer = pl.Trainer(
+            accelerator=settings.accelerator,
+            devices=settings.devices,
+            precision=settings.precision,
+            max_epochs=-1 if settings.max_epochs is None else settings.max_epochs,
+            gradient_clip_val=settings.clip,
+            callbacks=[EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min")],
+            num_sanity_val_steps=0,
+            enable_progress_bar=progress,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            logger=False,
+        )
+        trainer.fit(module, _loader(train, settings.batch_size, shuffle), _loader(val, settings.batch_size))
+    if module.best_state is None:
+        raise RuntimeError("training produced no finite validation loss")
+    flow.load_state_dict(module.best_state)
+    flow.to(trainer.strategy.root_device)
+    return {"epochs": module.epochs, "best_val_loss": module.best_loss}
