@@ -19,6 +19,11 @@ class NaiveNPE(SequentialEstimator):
     method = "NaiveNPE"
 
     def __init__(self, task: Task, sims: int = 1000, **kwargs) -> None:
+        if task.mechanism.input_dim != task.dim_s:
+            raise ValueError(
+                f"NaiveNPE conditions on the confidential summary in place of the release, but task {task.name!r} "
+                f"releases {task.dim_s} numbers from a summary of {task.mechanism.input_dim}"
+            )
         super().__init__(task, rounds=1, sims_per_round=sims, inner_samples=1, qmc=False, **kwargs)
 
     def flow_data(self, z, s, generator):

@@ -1,0 +1,145 @@
+"""SPPE, SPLE and NaiveNPE against the closed-form private posterior of a conjugate Gaussian toy; rounds,
+callbacks and resuming an interrupted run."""
+
+import pytest
+import torch
+
+import dpsbi
+from dpsbi.metrics import c2st
+
+SMALL = dict(flow=dict(transforms=2, hidden=32), max_epochs=30, patience=5, progress=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Many small tensor ops: one thread each avoids oversubscribing the shared cores (10x faster here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def task():
+    """theta ~ N(0, I_2), s ~ N(theta, 0.3^2 I), Gaussian mechanism at epsilon = 10 (sigma = 0.5): the exact
+    private posterior (sd 0.50) is far from the prior (sd 1) and from the naive one (sd 0.29)."""
+    return dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0, noise_sd=0.3)
+
+
+@pytest.fixture(scope="module")
+def exact(task):
+    torch.manual_seed(0)
+    return task.exact_posterior(task.y_obs).sample((1000,))
+
+
+@pytest.fixture(scope="module")
+def sppe_run(task):
+    """A two-round SPPE run and the posteriors handed to on_round_end."""
+    calls = []
+    post = dpsbi.SPPE(task, rounds=2, sims_per_round=400, inner_samples=8, atoms=5, on_round_end=lambda *a: calls.append(a), **SMALL).run()
+    return post, calls
+
+
+def test_the_toy_separates_right_from_wrong_posteriors(task, exact):
+    """Guard for the C2ST tests below: the prior scores well above their 0.6 threshold."""
+    torch.manual_seed(1)
+    assert c2st(task.prior.sample((1000,)), exact) > 0.65
+
+
+def test_sppe_matches_the_exact_private_posterior(sppe_run, exact):
+    post, _ = sppe_run
+    assert c2st(post.sample((1000,), seed=0), exact) <= 0.6
+
+
+def test_sppe_reports_every_round_and_its_first_round_is_amortized(task, sppe_run):
+    post, calls = sppe_run
+    assert [(index, n) for index, _, n in calls] == [(0, 400), (1, 800)]
+    first = calls[0][1]
+    assert calls[1][1] is post and first.amortized and not post.amortized
+    # The round-0 posterior (trained on prior draws) is valid at another release.
+    y = torch.tensor([[-1.0, 1.5]])
+    torch.manual_seed(2)
+    assert c2st(first.sample((1000,), y=y, seed=0), task.exact_posterior(y).sample((1000,))) <= 0.6
+    with pytest.warns(UserWarning, match="sequentially"):
+        post.sample((10,), y=y)
+
+
+def test_sple_matches_the_exact_private_posterior(task, exact):
+    mcmc = dict(num_chains=100, warmup=20, thin=1)
+    post = dpsbi.SPLE(task, rounds=2, sims_per_round=400, inner_samples=8, mcmc=mcmc, **SMALL).run()
+    assert c2st(post.sample((1000,), seed=0), exact) <= 0.6
+
+
+def test_naive_npe_fits_the_non_private_posterior_and_misses_the_private_one(task, exact):
+    """NaiveNPE learns theta | s, i.e. N(y / (1 + v), v / (1 + v)) with v = 0.09 at s = y_obs, and so misses
+    the private posterior, whose variance also counts the mechanism's sigma^2 = 0.25."""
+    post = dpsbi.NaiveNPE(task, sims=1000, **{**SMALL, "max_epochs": 60, "patience": 10}).run()
+    draws = post.sample((1000,), seed=0)
+    v = 0.09
+    naive = task.y_obs / (1 + v) + (v / (1 + v)) ** 0.5 * torch.randn(1000, 2, generator=torch.Generator().manual_seed(3))
+    assert c2st(draws, naive) <= 0.6
+    assert c2st(draws, exact) > 0.6
+
+
+def _counting(task):
+    """The task with a simulator that counts the parameters it is called on."""
+    calls = []
+    simulator = task.simulator
+
+    def counted(theta, generator=None):
+        calls.append(theta.shape[0])
+        return simulator(theta, generator)
+
+    task.simulator = counted
+    return task, calls
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path):
+    settings = dict(rounds=3, sims_per_round=100, inner_samples=4, atoms=3, flow=dict(transforms=1, hidden=8), max_epochs=2, progress=False)
+    reference = dpsbi.SPPE(dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0), **settings).run()
+
+    def kill_after_round_1(index, posterior, n):
+        if index == 1:
+            raise Interrupt
+
+    task, calls = _counting(dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0))
+    with pytest.raises(Interrupt):
+        dpsbi.SPPE(task, checkpoint_dir=tmp_path, on_round_end=kill_after_round_1, **settings).run()
+    assert calls == [100, 100]
+    rounds_seen = []
+    resumed = dpsbi.SPPE(task, checkpoint_dir=tmp_path, on_round_end=lambda i, p, n: rounds_seen.append((i, n)), **settings).run()
+    assert calls == [100, 100, 100] and rounds_seen == [(2, 300)]  # only round 2 simulated and trained
+    assert torch.equal(resumed.sample((50,), seed=7), reference.sample((50,), seed=7))  # same as never interrupted
+    assert dpsbi.SPPE(task, checkpoint_dir=tmp_path, **settings).run().sample((5,), seed=1).shape == (5, 2)  # done: no work
+    assert calls == [100, 100, 100]
+    with pytest.raises(ValueError, match="sims_per_round"):
+        dpsbi.SPPE(task, checkpoint_dir=tmp_path, **{**settings, "sims_per_round": 200}).run()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(inner_samples=12), "power of two"),
+        (dict(rounds=0), "rounds"),
+        (dict(validation_fraction=0.0), "validation_fraction"),
+        (dict(atoms=1), "atoms"),
+        (dict(flow=dict(layers=3)), "unknown flow settings"),
+        (dict(lr=-1.0), "lr"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_setting_named(task, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dpsbi.SPPE(task, **kwargs)
+
+
+def test_sequential_rounds_need_an_observed_release():
+    task = dpsbi.tasks.load("conjugate_gaussian")
+    task.y_obs = None
+    with pytest.raises(ValueError, match="y_obs"):
+        dpsbi.SPLE(task, rounds=2)
+    with pytest.raises(ValueError, match="unknown mcmc settings"):
+        dpsbi.SPLE(task, rounds=1, mcmc=dict(chains=3))
