@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
+import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
@@ -13,13 +14,28 @@ from torch import Tensor
 SCATTER_POINTS = 500
 
 
-def pair_plot(draws: dict[str, Tensor], names: Sequence[str], path: Path, truth: Tensor | None = None) -> None:
+def _marginals(ax, values: dict[str, Tensor], colors: dict[str, str], reference: str | None) -> None:
+    """Histograms of each set's ``(n,)`` values on common bins; the height is capped at 1.5 times the
+    ``reference`` set's peak, so that a collapsed (point-mass) posterior does not flatten the others."""
+    pooled = torch.cat(list(values.values()))
+    bins = torch.linspace(float(pooled.min()), float(pooled.max()) + 1e-9, 41).numpy()
+    for label, v in values.items():
+        heights, _, _ = ax.hist(v.numpy(), bins=bins, density=True, histtype="step", color=colors[label], label=label)
+        if label == reference:
+            ax.set_ylim(0, 1.5 * float(heights.max()))
+
+
+def pair_plot(
+    draws: dict[str, Tensor], names: Sequence[str], path: Path, truth: Tensor | None = None, reference: str | None = "reference"
+) -> None:
     """Pair plot of several sample sets ``{label: (n, d)}``: marginal histograms on the diagonal, scatter
-    plots below it, the true parameter ``truth (1, d)`` as lines and a star."""
+    plots below it, the true parameter ``truth (1, d)`` as lines and a star. The diagonal's height is set by
+    the set labelled ``reference`` when there is one."""
     d = len(names)
     fig = Figure(figsize=(2.4 * d + 1, 2.4 * d))
     axes = fig.subplots(d, d, squeeze=False)
     colors = {label: f"C{i}" for i, label in enumerate(draws)}
+    draws = {label: x.detach().cpu().double() for label, x in draws.items()}
     true = truth.reshape(-1).tolist() if truth is not None else None
     for i in range(d):
         for j in range(d):
@@ -27,11 +43,10 @@ def pair_plot(draws: dict[str, Tensor], names: Sequence[str], path: Path, truth:
             if j > i:
                 ax.set_axis_off()
                 continue
+            if i == j:
+                _marginals(ax, {label: x[:, i] for label, x in draws.items()}, colors, reference)
             for label, x in draws.items():
-                x = x.detach().cpu().double()
-                if i == j:
-                    ax.hist(x[:, i].numpy(), bins=40, density=True, histtype="step", color=colors[label], label=label)
-                else:
+                if i != j:
                     sub = x[:SCATTER_POINTS]
                     ax.scatter(sub[:, j].numpy(), sub[:, i].numpy(), s=3, alpha=0.35, color=colors[label])
             if true is not None:
@@ -42,8 +57,8 @@ def pair_plot(draws: dict[str, Tensor], names: Sequence[str], path: Path, truth:
             ax.set_xlabel(names[j] if i == d - 1 else "")
             ax.set_ylabel(names[i] if j == 0 and i > 0 else "")
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right")
-    fig.tight_layout()
+    fig.legend(handles, labels, loc="upper right" if d > 1 else "upper center", ncols=1 if d > 1 else len(labels))
+    fig.tight_layout(rect=(0, 0, 1, 1 if d > 1 else 0.88))
     fig.savefig(path, dpi=110)
 
 
