@@ -43,6 +43,15 @@ class Method:
             self.preflight(task)
 
 
+def _release_shaped_like_summary(task: Task) -> None:
+    """NaiveNPE plugs the release in where the summary goes: both must have the same size."""
+    if task.mechanism.input_dim != task.dim_s:
+        raise ValueError(
+            f"NaiveNPE conditions on the confidential summary in place of the release, but the task releases "
+            f"{task.dim_s} numbers from a summary of {task.mechanism.input_dim}"
+        )
+
+
 def _mechanism_density(name: str) -> Callable[[Task], None]:
     """Preflight of methods that evaluate ``eta(y_obs | s)``: the release must come from the mechanism."""
     return lambda task: task.require_mechanism_release(name)
@@ -107,7 +116,7 @@ METHODS: dict[str, Method] = {
     for m in [
         Method("sppe", "dpsbi.inference:SPPE", neural=True),
         Method("sple", "dpsbi.inference:SPLE", neural=True),
-        Method("naive_npe", "dpsbi.inference:NaiveNPE", neural=True),
+        Method("naive_npe", "dpsbi.inference:NaiveNPE", neural=True, preflight=_release_shaped_like_summary),
         Method("rejection_abc", "dpsbi.baselines.exact_abc:rejection_abc", preflight=_mechanism_density("rejection_abc")),
         Method("abc_is", "dpsbi.baselines.exact_abc:abc_is", preflight=_mechanism_density("abc_is")),
         Method("smc_abc", "dpsbi.baselines.smc_abc:smc_abc"),
