@@ -36,6 +36,7 @@ def load(name: str, **kwargs) -> Task:
         raise ValueError(f"task {name!r}: {error}") from None
     if task.y_obs is not None:
         task.y_obs = task.check_release(task.y_obs)
+    task.spec = {"name": name, "kwargs": dict(kwargs)}
     return task
 
 

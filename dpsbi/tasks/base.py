@@ -39,6 +39,8 @@ class Task:
     #: Exact posterior at a release, where one is known in closed form (test oracle).
     exact_posterior: Callable[[Tensor], Distribution] | None = None
     description: str = ""
+    #: ``{"name", "kwargs"}`` that rebuild it with :func:`dpsbi.tasks.load` (set by ``load``; saved posteriors use it).
+    spec: dict | None = None
 
     @property
     def dim_theta(self) -> int:
