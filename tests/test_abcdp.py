@@ -22,17 +22,8 @@ from dpsbi.baselines.abcdp import (
 )
 from dpsbi.tasks.uniform_mixture import mean_embedding, median_bandwidth, sample_mixture, spectral_quadrature
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64")
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are small: one intra-op thread avoids stalls on the shared, oversubscribed cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def binomial_ok(hits: torch.Tensor, trials: int, p: torch.Tensor, z: float = 4.0) -> bool:

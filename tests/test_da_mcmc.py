@@ -69,15 +69,6 @@ def assert_matches(chains: torch.Tensor, mean: torch.Tensor, sd: torch.Tensor, r
     assert ((got_var - sd**2).abs() < z * (se_var**2 + 2 * sd**4 / ref_ess).sqrt()).all(), (got_var, sd**2, se_var)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The record loop runs many tiny ops, which extra intra-op threads only slow down on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_regression_matches_exact_abc_importance_sampling():
     # The paper's instance (n = 100, epsilon = 1) needs ~1000 iterations to forget the prior (IAT ~300): its
     # check is scripts/validate_da_mcmc.py. Here n = 25 records at epsilon = 4 (the same Laplace scale on s, a

@@ -10,7 +10,7 @@ from scipy import stats
 from dpsbi.mechanisms import BinomialCurve, Gaussian, Laplace, RandomizedResponse, binomial_icdf
 from dpsbi.mechanisms.gaussian import analytic_delta
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64")
 SEED = 1234
 
 

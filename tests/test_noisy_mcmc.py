@@ -34,15 +34,7 @@ from dpsbi.tasks.latent import GaussianCLT, PoissonCount, ReparameterizedRecords
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
 
 
-@pytest.fixture(autouse=True, scope="module")
-def float64_single_thread():
-    """Double precision, and one thread: the chains' many small tensor ops are slower with two on a shared machine."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def assert_matches_exact(result, exact, seed: int = 0) -> None:

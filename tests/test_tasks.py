@@ -12,7 +12,7 @@ from dpsbi.tasks import Task, load, names
 from dpsbi.tasks.poisson_counts import exact_log_likelihood
 from dpsbi.tasks.simplex import BlockStickBreaking
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64")
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
 
 
