@@ -71,9 +71,8 @@ def read_release(text: str | None = None, path: str | Path | None = None) -> tor
 
 def _posterior_path(target: Path, method: str | None) -> tuple[Path, Path | None]:
     """The posterior file of ``target`` (a run directory or a ``.pt`` file) and the run's directory."""
-    if target.is_file():
-        run_dir = target.parent.parent if (target.parent.parent / "config.yaml").is_file() else None
-        return target, run_dir
+    if target.is_file():  # <run>/<method>/posterior.pt or <run>/<method>/rounds/round_XX.pt
+        return target, next((p for p in target.parents[:3] if (p / "config.yaml").is_file()), None)
     if not (target / "config.yaml").is_file():
         raise ValueError(f"{target} is neither a posterior file nor a run directory (no config.yaml)")
     if method is None:
@@ -126,7 +125,7 @@ def sample(argv: list[str] | None = None) -> None:
         draws = posterior.sample((args.num_samples,), y=y).detach().cpu()
     except ValueError as error:
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
-    names = task.parameter_names if task is not None else [f"theta_{i + 1}" for i in range(draws.shape[1])]
+    names = (task or posterior.task).parameter_names
     if args.output is not None:
         write_draws(args.output, draws, names)
     rows = [{"parameter": n, "mean": float(m), "sd": float(s)} for n, m, s in zip(names, draws.mean(0), draws.std(0))]

@@ -41,7 +41,7 @@ TINY = {
     "sppe": ["task=poisson_counts", "method.rounds=2", "method.sims_per_round=100", "method.inner_samples=4", *NEURAL],
     "sple": ["task=poisson_counts", "method.rounds=1", "method.sims_per_round=100", "method.inner_samples=4",
              "method.mcmc={num_chains: 10, warmup: 10, thin: 1, init_candidates: 100}", *NEURAL],
-    "naive_npe": ["task=poisson_counts", "method.sims=100", *NEURAL],
+    "naive_npe": ["task=poisson_counts", "method.sims=100", *NEURAL, "evaluation.calibration_runs=20", "evaluation.calibration_samples=100"],
     "rejection_abc": ["task=poisson_counts", "method.num_samples=200"],
     "abc_is": ["task=poisson_counts", "method.num_simulations=2000"],
     "smc_abc": ["task=poisson_counts", "method.num_particles=100", "method.tolerance_end=0.5"],
@@ -92,6 +92,8 @@ def test_every_method_runs_on_a_tiny_budget(method, tmp_path):
     (row,) = summary
     assert row["method"] == method and row["num_simulations"] >= 0 and row["wall_time"] > 0
     assert all(math.isfinite(row[m]) for m in ("mmd", "lmd") if m in row)
+    if method == "naive_npe":  # amortized: calibrated by SBC and TARP when asked
+        assert set(row["calibration"]) == {"sbc_ks_pvalues", "tarp_atc", "tarp_ks_pvalue"}
     draws, names = read_draws(tmp_path / "run" / method / "samples.csv")
     task = dpsbi.tasks.load(cfg.task.name, **{k: v for k, v in cfg.task.items() if k != "name"})
     assert names == task.parameter_names and draws.shape[1] == task.dim_theta and torch.isfinite(draws).all()
@@ -189,7 +191,7 @@ def test_presets_and_launchers_compose():
     for preset in sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml")):
         cfg = config(f"experiment={preset}", hydra=True)
         assert cfg.companions == [] and cfg.method_settings.sppe.rounds == 10
-        for method in str(cfg.hydra.sweeper.params.get("method", "sppe")).split(","):
+        for method in str((cfg.hydra.sweeper.params or {}).get("method", "sppe")).split(","):
             assert method in METHODS
     cfg = config("hydra/launcher=local", hydra=True)
     assert "JoblibLauncher" in cfg.hydra.launcher._target_
