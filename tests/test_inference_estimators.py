@@ -6,17 +6,9 @@ import torch
 
 import dpsbi
 from dpsbi.metrics import c2st
+from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 SMALL = dict(flow=dict(transforms=2, hidden=32), max_epochs=30, patience=5, progress=False)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small tensor ops: one thread each avoids oversubscribing the shared cores (10x faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,9 @@ import torch
 
 import dpsbi
 from dpsbi.inference import ConditionalFlow, FlowConfig, FlowPosterior, LikelihoodPosterior, load_posterior
+from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 TINY = dict(flow=dict(transforms=1, hidden=8), max_epochs=2, progress=False)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small tensor ops: one thread each avoids oversubscribing the shared cores (10x faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ every simulation, train the flow on all of them, checkpoint, repeat."""
 
 from __future__ import annotations
 
+import abc
 import copy
 import json
 import os
@@ -30,7 +31,7 @@ RESUMABLE = ("rounds",)
 RoundCallback = Callable[[int, Posterior, int], None]
 
 
-class SequentialEstimator:
+class SequentialEstimator(abc.ABC):
     """Base of the neural estimators. Subclasses say what the flow models (:meth:`flow_data`), which loss
     trains it in a round (:meth:`loss`), and which posterior it gives (:meth:`posterior`).
 
@@ -90,20 +91,21 @@ class SequentialEstimator:
         self.history: list[dict] = []
 
     # ---- what subclasses define ---------------------------------------------------------------------
+    @abc.abstractmethod
     def flow_data(self, z: Tensor, s: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Example ``(inputs, context)`` of the flow, from which its z-scoring is computed."""
-        raise NotImplementedError
 
     def tensors(self, z: Tensor, s: Tensor) -> tuple[Tensor, ...]:
         """The training tensors of each simulation (a batch of them is what :meth:`loss` receives)."""
         return z, s
 
+    @abc.abstractmethod
     def loss(self, round_index: int) -> Loss:
-        raise NotImplementedError
+        """The loss of round ``round_index`` (0-based)."""
 
+    @abc.abstractmethod
     def posterior(self, round_index: int) -> Posterior:
         """The posterior after round ``round_index``, on a copy of the current flow."""
-        raise NotImplementedError
 
     def options(self) -> dict:
         """Method-specific settings (part of the checkpoint's fingerprint)."""
@@ -200,10 +202,11 @@ class SequentialEstimator:
             return 0
         try:
             payload = torch.load(self.checkpoint_path, map_location=self.space.device, weights_only=True)
-            assert isinstance(payload, dict) and payload.get("format") == CHECKPOINT_FORMAT
-            stored = json.loads(payload["fingerprint"])
-        except Exception as error:
+            stored = json.loads(payload["fingerprint"]) if payload["format"] == CHECKPOINT_FORMAT else None
+        except Exception as error:  # corrupted, or a pickle of arbitrary objects
             raise ValueError(f"{self.checkpoint_path} is not a readable dpsbi checkpoint ({type(error).__name__}: {error})") from None
+        if stored is None or payload.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"{self.checkpoint_path} is not a dpsbi checkpoint of version {CHECKPOINT_VERSION}")
         current = self.fingerprint()
         differ = sorted(k for k in set(stored) | set(current) if k not in RESUMABLE and stored.get(k) != current.get(k))
         if differ:

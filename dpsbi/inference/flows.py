@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from sbi.neural_nets.net_builders.flow import build_nsf
 from torch import Tensor, nn
 
+from .settings import Settings
+
 
 @dataclass(frozen=True)
-class FlowConfig:
+class FlowConfig(Settings):
     """Architecture of a conditional neural spline flow; the defaults are the paper's: 8 coupling
     transforms, each conditioned by a residual net of 2 blocks of 50 ReLU units, 10 bins, tail bound 5."""
 
+    label: ClassVar[str] = "flow"
     transforms: int = 8
     hidden: int = 50
     blocks: int = 2
@@ -26,23 +30,6 @@ class FlowConfig:
                 raise ValueError(f"flow {name} must be a positive integer, got {getattr(self, name)}")
         if not self.tail_bound > 0:
             raise ValueError(f"flow tail_bound must be > 0, got {self.tail_bound}")
-
-    @classmethod
-    def coerce(cls, value: "FlowConfig | dict | None") -> "FlowConfig":
-        """A config from a ``FlowConfig``, a dict of its fields (unknown keys raise) or ``None`` (defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, dict):
-            raise TypeError(f"flow must be a FlowConfig or a dict of its fields, got {type(value).__name__}")
-        unknown = set(value) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown flow settings {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
-        return cls(**value)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class ConditionalFlow(nn.Module):

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 from sbi.samplers.mcmc.slice_numpy import SliceSamplerVectorized
 from torch import Tensor
 
+from .settings import Settings
+
 METHODS = ("slice_np_vectorized",)
 
 
 @dataclass(frozen=True)
-class MCMCConfig:
+class MCMCConfig(Settings):
     """Slice sampling settings: ``num_chains`` chains started by resampling ``init_candidates`` prior draws
     in proportion to the target density (sbi's "resample" strategy); after sbi's bracket tuning, ``warmup``
     steps per chain are discarded and every ``thin``-th step is kept."""
 
+    label: ClassVar[str] = "mcmc"
     method: str = "slice_np_vectorized"
     num_chains: int = 100
     thin: int = 2
@@ -34,19 +37,6 @@ class MCMCConfig:
                 raise ValueError(f"mcmc {name} must be a positive integer, got {getattr(self, name)}")
         if int(self.warmup) < 0:
             raise ValueError(f"mcmc warmup must be >= 0, got {self.warmup}")
-
-    @classmethod
-    def coerce(cls, value: "MCMCConfig | dict | None") -> "MCMCConfig":
-        """A config from an ``MCMCConfig``, a dict of its fields (unknown keys raise) or ``None`` (defaults)."""
-        if value is None or isinstance(value, cls):
-            return value or cls()
-        unknown = set(value) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown mcmc settings {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
-        return cls(**value)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def resample_init(candidates: Tensor, log_density: Tensor, num_chains: int, generator: torch.Generator | None) -> Tensor:

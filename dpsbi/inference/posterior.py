@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 import os
@@ -22,7 +23,7 @@ FORMAT = "dpsbi-posterior"
 VERSION = 1
 
 
-class Posterior:
+class Posterior(abc.ABC):
     """A posterior over a task's parameters given releases ``y``, built on a trained conditional flow.
 
     ``sample(sample_shape, y=None, generator=None, seed=None)`` returns parameters in the prior's space,
@@ -46,11 +47,13 @@ class Posterior:
         self.flow.to(device)
         return self
 
+    @abc.abstractmethod
     def sample(self, sample_shape=(), y: Tensor | None = None, generator: torch.Generator | None = None, seed: int | None = None) -> Tensor:
-        raise NotImplementedError
+        """Draws ``sample_shape + (dim_theta,)`` at release ``y``; ``seed`` or ``generator`` fix them."""
 
+    @abc.abstractmethod
     def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
-        raise NotImplementedError
+        """Log density of ``theta (..., dim_theta)`` at release ``y``; ``-inf`` outside the prior's support."""
 
     def release(self, y: Tensor | None) -> Tensor:
         """``y`` (default ``task.y_obs``) as a checked ``(1, dim_s)`` release on the flow's device."""

@@ -7,8 +7,8 @@ import contextlib
 import logging
 import math
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import pytorch_lightning as pl
 import torch
@@ -17,15 +17,17 @@ from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from .seeding import derive_seed
+from .settings import Settings
 
 #: ``loss(flow, batch, generator) -> scalar``: a batch is the tuple of tensors of the dataset.
 Loss = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], Tensor]
 
 
 @dataclass(frozen=True)
-class TrainingSettings:
+class TrainingSettings(Settings):
     """Optimizer and trainer settings of every round (defaults: the paper's)."""
 
+    label: ClassVar[str] = "training"
     batch_size: int = 100
     lr: float = 5e-4
     weight_decay: float = 1e-4
@@ -48,9 +50,6 @@ class TrainingSettings:
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class LossModule(pl.LightningModule):

@@ -1,0 +1,27 @@
+"""Frozen dataclasses of settings that travel as plain dicts (configs, checkpoints, posterior files)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+
+class Settings:
+    """Mixin for a frozen dataclass of settings: ``coerce`` builds it from an instance, a dict of its
+    fields (unknown keys raise, naming them) or ``None`` (the defaults); ``to_dict`` goes back."""
+
+    @classmethod
+    def coerce(cls, value):
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"unknown {cls.label} settings {unknown}; known: {known}")
+        return cls(**value)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
