@@ -84,7 +84,7 @@ def test_likelihood_posterior_log_prob_is_prior_times_likelihood_flow(posteriors
 
 def test_a_posterior_of_a_hand_built_task_loads_only_with_the_task(tmp_path, task):
     bare = dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0)
-    del bare.spec  # as if built without dpsbi.tasks.load
+    bare.spec = None  # as if built without dpsbi.tasks.load
     post = _random_flow_posterior(bare, amortized=True)
     post.save(tmp_path / "p.pt")
     with pytest.raises(ValueError, match="pass task="):
@@ -150,4 +150,7 @@ def test_releases_outside_the_mechanism_support_are_refused():
     with pytest.raises(ValueError, match="outside the support"):
         post.sample((2,), y=torch.full((1, 10), 1.5))
     assert post.sample((2,), y=task.y_obs, seed=0).shape == (2, 2)
-    assert LikelihoodPosterior(task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 10, 2), "SPLE").release(None).shape == (1, 10)
+    likelihood = LikelihoodPosterior(task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 10, 2), "SPLE")
+    assert likelihood.log_prob(task.prior.mean.expand(3, 2)).shape == (3,)  # at task.y_obs
+    with pytest.raises(ValueError, match="outside the support"):
+        likelihood.log_prob(task.prior.mean.expand(3, 2), y=torch.full((1, 10), 0.0015))

@@ -55,7 +55,7 @@ class Posterior(abc.ABC):
     def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
         """Log density of ``theta (..., dim_theta)`` at release ``y``; ``-inf`` outside the prior's support."""
 
-    def release(self, y: Tensor | None) -> Tensor:
+    def _release(self, y: Tensor | None) -> Tensor:
         """``y`` (default ``task.y_obs``) as a checked ``(1, dim_s)`` release on the flow's device."""
         if y is None:
             if self.task.y_obs is None:
@@ -75,8 +75,8 @@ class Posterior(abc.ABC):
         return theta, inside.all(-1) if inside.ndim == theta.ndim else inside
 
     def _noise_generator(self, generator: torch.Generator | None, seed: int | None) -> torch.Generator | None:
-        """The generator for this call; a seed makes a CPU-independent stream so that samples do not
-        depend on the device the flow sits on."""
+        """The generator for this call. A seed starts a stream on the task's device, so that samples do
+        not depend on the device the flow sits on."""
         return make_generator(seed, generator, device=self.space.device)
 
     # ---- saving -------------------------------------------------------------------------------------
@@ -122,8 +122,8 @@ class FlowPosterior(Posterior):
     def options(self) -> dict:
         return {"amortized": self.amortized}
 
-    def release(self, y: Tensor | None) -> Tensor:
-        y_checked = super().release(y)
+    def _release(self, y: Tensor | None) -> Tensor:
+        y_checked = super()._release(y)
         if y is not None and not self.amortized and not self._is_y_obs(y_checked):
             warnings.warn(
                 f"this {self.method} posterior was trained sequentially for task.y_obs; at another release it is "
@@ -137,7 +137,7 @@ class FlowPosterior(Posterior):
 
     @torch.no_grad()
     def sample(self, sample_shape=(), y=None, generator=None, seed=None) -> Tensor:
-        y = self.release(y)
+        y = self._release(y)
         shape = torch.Size(sample_shape)
         gen = self._noise_generator(generator, seed)
         noise = torch.randn(shape.numel(), self.flow.dim, generator=gen, device=gen.device if gen else None)
@@ -146,7 +146,7 @@ class FlowPosterior(Posterior):
 
     @torch.no_grad()
     def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
-        y = self.release(y)
+        y = self._release(y)
         theta, inside = self._check_theta(theta)
         z = self.space.to_z(theta)
         value = self.flow.log_prob(z, y) - self.space.log_abs_det(z)
@@ -173,7 +173,7 @@ class LikelihoodPosterior(Posterior):
 
     @torch.no_grad()
     def sample(self, sample_shape=(), y=None, generator=None, seed=None) -> Tensor:
-        y = self.release(y)
+        y = self._release(y)
         shape = torch.Size(sample_shape)
         run_seed = draw_seed(self._noise_generator(generator, seed))
         with torch.random.fork_rng(devices=[]):
@@ -187,7 +187,7 @@ class LikelihoodPosterior(Posterior):
 
     @torch.no_grad()
     def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
-        y = self.release(y)
+        y = self._release(y)
         theta, inside = self._check_theta(theta)
         value = self.task.prior.log_prob(theta.to(self.space.device)).to(self.device) + self.flow.log_prob(y, self.space.to_z(theta))
         return torch.where(inside, value, -math.inf)
@@ -210,7 +210,7 @@ def _jsonable(value):
 
 
 def _task_spec(task: Task) -> dict | None:
-    spec = getattr(task, "spec", None)
+    spec = task.spec
     return None if spec is None else {"name": spec["name"], "kwargs": _jsonable(spec["kwargs"])}
 
 
