@@ -19,7 +19,7 @@ from tqdm.auto import trange
 from ..tasks import Task
 from .flows import ConditionalFlow, FlowConfig
 from .parameters import ParameterSpace
-from .posterior import Posterior, _task_spec
+from .posterior import Posterior, _task_spec, atomic_save
 from .seeding import derive_seed
 from .training import Loss, TrainingSettings, fit_flow
 
@@ -192,9 +192,7 @@ class SequentialEstimator(abc.ABC):
             "flow": {k: v.detach().cpu() for k, v in self.flow.state_dict().items()},
             "data": {k: v.cpu() for k, v in self.data.items()},
         }
-        tmp = self.checkpoint_path.with_suffix(".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, self.checkpoint_path)  # atomic: a kill never leaves half a checkpoint
+        atomic_save(payload, self.checkpoint_path)
 
     def _resume(self) -> int:
         """Load the checkpoint if there is one; returns the number of finished rounds."""

@@ -23,6 +23,13 @@ FORMAT = "dpsbi-posterior"
 VERSION = 1
 
 
+def atomic_save(payload: dict, path: str | os.PathLike) -> None:
+    """``torch.save`` through a temporary file and a rename, so that a kill never leaves half a file."""
+    tmp = f"{os.fspath(path)}.tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
 class Posterior(abc.ABC):
     """A posterior over a task's parameters given releases ``y``, built on a trained conditional flow.
 
@@ -97,10 +104,7 @@ class Posterior(abc.ABC):
     def save(self, path: str | os.PathLike) -> None:
         """Write the flow's ``state_dict`` and JSON metadata (no pickled objects) to ``path``."""
         state = {k: v.detach().cpu() for k, v in self.flow.state_dict().items()}
-        payload = {"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state}
-        tmp = f"{os.fspath(path)}.tmp"
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
+        atomic_save({"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state}, path)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, task={self.task.name!r}, device={self.device})"
