@@ -41,6 +41,14 @@ class SequentialEstimator(abc.ABC):
     round's weights) on all simulations so far. With ``checkpoint_dir`` the state after each round is
     written there and :meth:`run` resumes from the last finished round with the stored simulations.
     ``on_round_end(round_index, posterior, num_simulations)`` is called after each round.
+
+    Arguments (defaults: the paper's settings): ``rounds`` x ``sims_per_round`` simulations;
+    ``inner_samples`` releases per stored summary at every step, from scrambled Sobol points
+    (``qmc=True``, a power of two) or plain uniforms; ``flow``: a :class:`FlowConfig` or a dict of its
+    fields; Adam with ``lr`` and ``weight_decay`` on batches of ``batch_size``, gradient norm clipped at
+    ``clip``; a round stops when the validation loss has not improved for ``patience`` epochs (or after
+    ``max_epochs``); ``seed`` fixes every random draw; ``accelerator``, ``devices`` and ``precision``
+    go to Lightning's ``Trainer`` ("auto" uses a GPU when there is one); ``progress`` shows bars.
     """
 
     method: ClassVar[str]
