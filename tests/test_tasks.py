@@ -156,3 +156,28 @@ def test_sir_task_releases_lie_in_the_mechanism_support(simulator):
     assert bool(task.mechanism.in_support(y).all())
     with pytest.raises(ValueError, match="unknown SIR simulator"):
         load("sir", simulator="ode")
+
+
+def test_naive_bayes_exact_posterior_agrees_with_abc_importance_sampling():
+    from dpsbi.baselines import abc_is
+
+    release = [0.5333, 0.3867, 0.6302, 0.2461, 0.1757, 0.0523, 0.1347, 0.084]  # simulated, seed 4
+    task = load("naive_bayes", epsilon=1.0, y_obs=release)
+    exact = task.exact_posterior(task.y_obs)
+    mean, sd = exact.mean.double(), exact.stddev.double()
+    reference = abc_is(task, 300_000, seed=5, progress=False)  # exact weights: the mechanism is the kernel
+    ref_mean = (reference.weights[:, None] * reference.samples).sum(0).double()
+    assert reference.ess > 300
+    assert ((ref_mean - mean).abs() < 4 * sd / math.sqrt(reference.ess)).all(), (ref_mean, mean)
+    torch.manual_seed(0)
+    draws = exact.sample((4000,))
+    assert draws.shape == (4000, 10) and task.prior.support.check(draws).all()
+    assert ((draws.mean(0).double() - mean).abs() < 4 * sd / math.sqrt(4000)).all()
+    assert ((draws.std(0).double() / sd - 1).abs() < 4 / math.sqrt(2 * 4000)).all()
+    assert (sd < task.prior.sample((4000,)).std(0).double() * 0.9).all()  # informative: not the prior
+
+
+def test_naive_bayes_exact_posterior_only_for_binary_two_class_models():
+    assert load("naive_bayes", values=3, y_obs="simulate").exact_posterior is None
+    with pytest.raises(ValueError, match="release has 7 entries"):
+        load("naive_bayes").exact_posterior(torch.zeros(7))

@@ -8,6 +8,7 @@ from torch import Tensor
 from ..mechanisms import Laplace
 from . import register
 from .base import Task, observed_release
+from .naive_bayes_posterior import NaiveBayesPosterior
 from .simplex import BlockStickBreaking, ProductDirichlet, multinomial_counts
 
 N_RECORDS = 100
@@ -51,6 +52,10 @@ def make(
         return mechanism.sample(simulator(theta_true, generator), generator=generator)
 
     stored = {e: [v / n for v in vals] for e, vals in STORED.items()} if paper_setting else {}
+    def exact_posterior(y: Tensor) -> NaiveBayesPosterior:
+        cond = torch.full((classes, features, values), concentration, dtype=dtype)
+        return NaiveBayesPosterior(y.reshape(-1), cond, torch.full((classes,), concentration, dtype=dtype), n, mechanism.scale)
+
     names = [f"p_{i + 1}{k + 1}[{j + 1}]" for i in range(classes) for k in range(features) for j in range(values)]
     return Task(
         name="naive_bayes",
@@ -62,5 +67,6 @@ def make(
         true_theta=theta_true,
         transform=BlockStickBreaking(sizes),
         parameter_names=names + [f"pi[{i + 1}]" for i in range(classes)],
+        exact_posterior=exact_posterior if (classes, values) == (2, 2) else None,
         description="Naive Bayes log-linear model, n=100, 2 classes x 2 binary features, Laplace-noised counts.",
     )
