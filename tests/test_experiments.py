@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scipy.stats
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -34,7 +35,7 @@ SUPPORT = {
 #: Small budgets and quiet output for every run of these tests.
 QUICK = ["companions=[]", "progress=false", "plots=false", "trainer=cpu", "trainer.threads=1", "evaluation.num_samples=200",
          "evaluation.metrics=[mmd,nlog,lmd]", "evaluation.lmd_draws=50", "reference.num_samples=200",
-         "reference.pilot_simulations=100", "reference.max_simulations=3000", "reference.importance_particles=60"]
+         "reference.pilot_simulations=100", "reference.max_simulations=3000", "reference.importance_particles=60", "reference.importance_draws=500"]
 NEURAL = ["method.max_epochs=2", "method.flow={transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}"]
 #: A cheap supported task and tiny settings for each method.
 TINY = {
@@ -131,7 +132,7 @@ def test_rejection_abc_scores_like_the_exact_reference(tmp_path):
 
 def test_reference_is_exact_and_cached(tmp_path, monkeypatch):
     task = dpsbi.tasks.load("poisson_counts")
-    settings = dict(pilot_simulations=200, max_simulations=10**6, importance_particles=100)
+    settings = dict(pilot_simulations=200, max_simulations=10**6, importance_particles=100, importance_draws=2000)
     ref = reference_posterior(task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings)
     assert ref.kind == "rejection" and ref.exact and ref.samples.shape == (2000, 1)
     exact = task.exact_posterior(task.y_obs)
@@ -146,10 +147,22 @@ def test_reference_is_exact_and_cached(tmp_path, monkeypatch):
     assert torch.equal(again.samples, ref.samples) and again.note == ref.note
 
 
+def test_importance_reference_matches_the_exact_posterior(tmp_path):
+    task = dpsbi.tasks.load("poisson_counts")
+    settings = dict(pilot_simulations=200, max_simulations=10**6, importance_particles=500, importance_draws=200_000)
+    ref = reference_posterior(task, {"name": "poisson_counts"}, "importance", 2000, tmp_path, seed=0, progress=False, **settings)
+    assert ref.kind == "importance" and not ref.exact
+    ess = float(ref.note.split("ESS ")[1].split(";")[0])
+    assert ess > 20_000, ref.note  # the fitted proposal keeps most draws useful
+    torch.manual_seed(1)
+    exact = task.exact_posterior(task.y_obs).sample((20_000,))
+    assert scipy.stats.ks_2samp(ref.samples[:, 0].numpy(), exact[:, 0].numpy()).pvalue > 0.01
+
+
 def test_sir_reference_says_it_is_approximate(tmp_path):
     task = dpsbi.tasks.load("sir", epsilon=10.0, population=10000)
     ref = reference_posterior(task, {"name": "sir", "population": 10000}, "auto", 100, tmp_path, seed=0, progress=False,
-                              pilot_simulations=100, max_simulations=10**5, importance_particles=60)
+                              pilot_simulations=100, max_simulations=10**5, importance_particles=60, importance_draws=500)
     assert ref.kind == "importance" and not ref.exact and ref.note.startswith("APPROXIMATE") and "ESS" in ref.note
 
 

@@ -2,9 +2,9 @@
 
 ``auto`` picks, in order: the task's closed-form posterior (drawn directly, never cached); exact rejection ABC
 with the mechanism as kernel (Gong, Alg. 1) when a pilot says it fits in ``max_simulations``; otherwise
-importance sampling of the exact private posterior from an adapted proposal, the last generation of
-``smc_abc(kernel="mechanism")``: consistent but not exact, so the reference is flagged approximate with
-its effective sample size. Data that are not a release of the mechanism (real outbreaks) get no reference.
+importance sampling of the exact private posterior (mechanism as kernel) from a defensive mixture fitted to
+the last generation of ``smc_abc(kernel="mechanism")``: consistent but not exact, so the reference is flagged
+approximate with its effective sample size. Data that are not a release of the mechanism (real outbreaks) get no reference.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.distributions import Categorical, Distribution, MixtureSameFamily, MultivariateNormal, TransformedDistribution
 
 from ..tasks import Task
 from .methods import baseline_draws
@@ -64,18 +65,37 @@ def _rejection(task: Task, num_samples: int, settings: dict, seed: int, progress
     return Reference(result.samples, "rejection", True, note, result.num_simulations)
 
 
-def _importance(task: Task, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference:
-    """Importance sampling of the exact posterior from SMC-ABC's adapted proposal (mechanism kernel)."""
-    from ..baselines import smc_abc
+def defensive_proposal(task: Task, samples: Tensor, weights: Tensor) -> Distribution:
+    """A proposal that covers weighted draws ``samples (n, dim_theta)``: in the task's unconstrained space,
+    ``0.8 N(m, 1.5^2 C) + 0.2 N(m, 3^2 C)`` with ``(m, C)`` the draws' weighted mean and covariance, mapped back
+    by ``task.transform`` (event shape ``(dim_theta,)``). Wider than the posterior, so weights stay bounded."""
+    z = task.transform.inv(samples).double()
+    w = weights.double()[:, None] / weights.double().sum()
+    mean = (w * z).sum(0)
+    centred = z - mean
+    cov = (w * centred).T @ centred + 1e-9 * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
+    tril = torch.linalg.cholesky(cov).to(samples.dtype)
+    components = MultivariateNormal(mean.to(samples.dtype).expand(2, -1), scale_tril=torch.stack([1.5 * tril, 3.0 * tril]))
+    mixture = MixtureSameFamily(Categorical(torch.tensor([0.8, 0.2], dtype=samples.dtype, device=z.device)), components)
+    return TransformedDistribution(mixture, [task.transform])
 
-    particles = int(settings["importance_particles"])
-    result = smc_abc(task, num_particles=particles, kernel="mechanism", seed=seed, progress=progress)
-    draws = baseline_draws(result, num_samples, torch.Generator().manual_seed(seed))
+
+def _importance(task: Task, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference:
+    """Importance sampling of the exact posterior (mechanism as kernel) from a defensive proposal fitted to
+    SMC-ABC's last generation, with ``importance_draws`` simulations."""
+    from ..baselines import abc_is, smc_abc
+
+    particles, draws = int(settings["importance_particles"]), int(settings["importance_draws"])
+    pilot = smc_abc(task, num_particles=particles, kernel="mechanism", seed=seed, progress=progress)
+    proposal = defensive_proposal(task, pilot.samples, pilot.weights)
+    result = abc_is(task, draws, proposal=proposal, seed=seed + 1, progress=progress)
+    samples = baseline_draws(result, num_samples, torch.Generator().manual_seed(seed))
     note = (
-        f"APPROXIMATE: self-normalised importance sampling of the exact private posterior (mechanism as kernel) "
-        f"from an SMC-adapted proposal, {particles} particles, ESS {result.ess:.0f}; consistent, not exact"
+        f"APPROXIMATE: self-normalised importance sampling of the exact private posterior (mechanism as kernel), "
+        f"{draws} draws from a defensive Gaussian mixture fitted to SMC-ABC ({particles} particles); "
+        f"ESS {result.ess:.0f}; consistent, not exact"
     )
-    return Reference(draws, "importance", False, note, result.num_simulations)
+    return Reference(samples, "importance", False, note, pilot.num_simulations + result.num_simulations)
 
 
 def _closed_form(task: Task, num_samples: int, seed: int) -> Reference:
@@ -105,7 +125,7 @@ def reference_posterior(
 
     Sampled references are cached under ``cache_dir/<task>/eps<epsilon>/<hash>.pt``, the hash covering the
     task config, the release, ``method``, ``num_samples``, ``seed`` and ``settings`` (``pilot_simulations``,
-    ``max_simulations``, ``importance_particles``); a later call with the same key loads them.
+    ``max_simulations``, ``importance_particles``, ``importance_draws``); a later call with the same key loads them.
     """
     if method not in KINDS:
         raise ValueError(f"reference.method must be one of {KINDS}, got {method!r}")
