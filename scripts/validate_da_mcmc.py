@@ -2,7 +2,7 @@
 
 Regression (epsilon = 1, stored release): DA-MCMC against exact ABC importance sampling from the prior
 (C2ST, means and sds in Monte Carlo errors). Naive Bayes (epsilon = 10, stored release): DA-MCMC against the
-exact posterior moments obtained by summing out the latent counts (see tests/test_da_mcmc.py), which ABC-IS
+exact posterior moments obtained by summing out the latent counts (dpsbi/tasks/naive_bayes_posterior.py), which ABC-IS
 cannot reach at this epsilon (its ESS is printed). Run from the repository root:
 ``python scripts/validate_da_mcmc.py [--chains 256] [--iterations 6000]``.
 """
@@ -10,19 +10,14 @@ cannot reach at this epsilon (its ESS is printed). Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import dpsbi  # noqa: E402
-from dpsbi.baselines.da_mcmc import da_mcmc  # noqa: E402
-from dpsbi.baselines.exact_abc import abc_is, seeded  # noqa: E402
-from dpsbi.metrics import c2st  # noqa: E402
-from tests.test_da_mcmc import naive_bayes_exact_moments  # noqa: E402
+import dpsbi
+from dpsbi.baselines.da_mcmc import da_mcmc
+from dpsbi.baselines.exact_abc import abc_is, seeded
+from dpsbi.metrics import c2st
 
 
 def weighted_moments(result) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +62,8 @@ def main() -> None:
         print(f"  C2ST(prior, ABC-IS) = {c2st(task.prior.sample((5000,)), ref):.3f}")
 
     task = dpsbi.tasks.load("naive_bayes", epsilon=10.0)
-    mean, sd = naive_bayes_exact_moments(task, task.y_obs)
+    exact = task.exact_posterior(task.y_obs)
+    mean, sd = exact.mean.double(), exact.stddev.double()
     start = time.time()
     result = da_mcmc(task, args.iterations // 2, num_chains=args.chains // 4, burn_in=args.burn_in // 4, seed=0)
     report("naive Bayes, epsilon=10", result, mean.float(), sd.float(), time.time() - start)
