@@ -24,7 +24,20 @@ from dpsbi.experiment.config import METRICS  # noqa: E402
 from dpsbi.experiment.outputs import read_draws  # noqa: E402
 from dpsbi.experiment.plots import comparison_plot  # noqa: E402
 
-COLUMNS = ("task", "epsilon", "reference", "method", "num_simulations", "wall_time", *METRICS)
+COLUMNS = ("task", "epsilon", "reference", "method", "num_simulations", "wall_time", "ess", *METRICS)
+
+
+def ess(run: Path, method: str) -> float | None:
+    """A baseline's effective sample size: Kish's of its weights, or the smallest per-parameter MCMC ESS in
+    its ``info``; ``None`` for neural methods (their draws are independent)."""
+    path = run / method / "result.pt"
+    if not path.is_file():
+        return None
+    result = torch.load(path, map_location="cpu", weights_only=False)
+    if result.get("weights") is not None:
+        return float(1.0 / (result["weights"].double() ** 2).sum())
+    chain_ess = result.get("info", {}).get("ess")
+    return None if chain_ess is None else float(torch.as_tensor(chain_ess).min())
 
 
 def _cell(value) -> str:
@@ -35,7 +48,8 @@ def _cell(value) -> str:
 
 def table(roots: list[Path]) -> str:
     """Markdown table of the final row of every run below ``roots``, sorted by task, epsilon and method."""
-    rows = sorted((r for root in roots for r in collect(root)), key=lambda r: (r["task"], float(r["epsilon"]), r["method"]))
+    rows = [{**r, "ess": ess(root / r["run"], r["method"])} for root in roots for r in collect(root)]
+    rows.sort(key=lambda r: (r["task"], float(r["epsilon"]), r["method"]))
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
@@ -46,14 +60,17 @@ def runs(root: Path, method: str) -> dict[float, Path]:
     return {float(r["epsilon"]): root / r["run"] for r in collect(root) if r["method"] == method}
 
 
-def privacy(root: Path, method: str, out: Path) -> None:
-    """One panel per parameter: reference (solid) and ``method`` (dashed) marginals at every epsilon."""
-    by_eps = runs(root, method)
-    reference, names = read_draws(next(iter(by_eps.values())) / "reference.csv")
+def privacy(root: Path, method: str, out: Path) -> str:
+    """One panel per parameter: reference (solid) and ``method`` (dashed) marginals at every epsilon; returns
+    a markdown table of the reference posterior's mean and sd per parameter at each epsilon."""
+    by_eps = dict(sorted(runs(root, method).items()))
+    names = read_draws(next(iter(by_eps.values())) / "reference.csv")[1]
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 2.8), squeeze=False)
-    for color, (eps, run) in zip(("C0", "C1", "C2", "C3"), sorted(by_eps.items())):
+    lines = ["| epsilon | " + " | ".join(f"{n}: mean, sd" for n in names) + " |", "|" + "---|" * (len(names) + 1)]
+    for color, (eps, run) in zip(("C0", "C1", "C2", "C3"), by_eps.items()):
         reference, _ = read_draws(run / "reference.csv")
         draws, _ = read_draws(run / method / "samples.csv")
+        lines.append(f"| {eps:g} | " + " | ".join(f"{float(m):.3g}, {float(v):.3g}" for m, v in zip(reference.mean(0), reference.std(0))) + " |")
         for i, ax in enumerate(axes[0]):
             ax.hist(reference[:, i].numpy(), bins=40, density=True, histtype="step", color=color, label=f"reference, eps={eps:g}")
             ax.hist(draws[:, i].numpy(), bins=40, density=True, histtype="step", ls="--", color=color, label=f"{method}, eps={eps:g}")
@@ -62,6 +79,7 @@ def privacy(root: Path, method: str, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=80)
     plt.close(fig)
+    return "\n".join(lines)
 
 
 def bias(root: Path, epsilon: float, out: Path | None) -> str:
@@ -110,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "comparison":
         comparison_plot([r for root in args.dirs for r in collect(root)], METRICS, args.out)
     elif args.what == "privacy":
-        privacy(args.dirs[0], args.method, args.out)
+        print(privacy(args.dirs[0], args.method, args.out))
     else:
         print(bias(args.dirs[0], args.epsilon, args.out))
 
