@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +31,22 @@ def run() -> None:
 
 def _job(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from .experiment import ConfigError, run_experiment
+    from .experiment.comparison import ERROR_FILE
 
+    hydra_config = HydraConfig.get()
     try:
-        run_experiment(cfg, HydraConfig.get().runtime.output_dir)
+        run_experiment(cfg, hydra_config.runtime.output_dir)
     except ConfigError as error:  # a bad value: one line, no traceback
-        raise SystemExit(f"dpsbi-run: config error: {error}") from None
+        message = f"dpsbi-run: config error: {error}"
+        if hydra_config.mode != RunMode.MULTIRUN:
+            raise SystemExit(message) from None
+        # In a sweep, one bad combination (say mhaar on a task without records) must not stop the others:
+        # the job leaves error.txt, and the sweep-end comparison lists it and exits non-zero.
+        Path(hydra_config.runtime.output_dir, ERROR_FILE).write_text(message + "\n")
+        print(message, file=sys.stderr)
 
 
 def read_release(text: str | None = None, path: str | Path | None = None) -> torch.Tensor | None:

@@ -219,9 +219,12 @@ def _cli(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
     naive = "{sims: 100, max_epochs: 2, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
-    sweep = _cli("dpsbi-run", "-m", "task=poisson_counts", "method=naive_npe,rejection_abc", f"+method_settings.naive_npe={naive}",
+    # mhaar cannot run on poisson_counts (no record model): the sweep goes on, then says so and exits 1.
+    sweep = _cli("dpsbi-run", "-m", "task=poisson_counts", "method=naive_npe,mhaar,rejection_abc", f"+method_settings.naive_npe={naive}",
                  "+method_settings.rejection_abc.num_samples=200", *QUICK, "plots=true", f"hydra.sweep.dir={tmp_path / 'multi'}", cwd=tmp_path)
-    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert sweep.returncode == 1, sweep.stderr[-3000:]
+    assert "1 job(s) of the sweep could not run" in sweep.stderr and "1_poisson_counts" in sweep.stderr
+    assert "method 'mhaar' cannot run on task 'poisson_counts'" in sweep.stderr and "Traceback" not in sweep.stderr
     runs = sorted((tmp_path / "multi").glob("*/summary.json"))
     assert len(runs) == 2 and (tmp_path / "multi" / "comparison.png").is_file()  # the sweep-end callback compared them
     assert "naive_npe" in sweep.stdout and "rejection_abc" in sweep.stdout

@@ -12,6 +12,9 @@ from .config import METRICS
 from .outputs import format_table, write_rows
 from .plots import comparison_plot
 
+#: What a sweep's job leaves in its directory when its configuration could not run.
+ERROR_FILE = "error.txt"
+
 
 def collect(root: str | Path) -> list[dict]:
     """The final metric rows of every run below ``root`` (each run's ``summary.json``), with its directory."""
@@ -40,7 +43,13 @@ class CompareCallback(Callback):
     """Hydra callback (configs/config.yaml, ``hydra.callbacks.compare``): compares a sweep's runs when it ends."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """Compare the finished runs; then, if some jobs could not run, list them and exit with status 1."""
+        root = Path(config.hydra.sweep.dir)
         try:
-            compare(config.hydra.sweep.dir)
+            compare(root)
         except FileNotFoundError as error:
             print(f"dpsbi-compare: {error}")
+        failed = sorted(root.rglob(ERROR_FILE))
+        if failed:
+            lines = [f"  {path.parent.relative_to(root)}: {path.read_text().strip()}" for path in failed]
+            raise SystemExit(f"dpsbi-run: {len(failed)} job(s) of the sweep could not run:\n" + "\n".join(lines))
