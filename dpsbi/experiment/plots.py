@@ -112,6 +112,10 @@ def comparison_plot(rows: list[dict], metrics: Sequence[str], path: Path) -> Non
                 ax.set_xlabel("epsilon")
             else:
                 ax.set_xticks(range(len(by_method)), list(by_method), rotation=30)
+            nlogs = [row["nlog"] for row in runs if metric == "nlog" and row.get("nlog") is not None]
+            if nlogs and max(map(abs, nlogs)) > 1e4:  # a collapsed method's NLOG (1e15) would flatten the others
+                ax.set_yscale("symlog", linthresh=10)
+                ax.set_ylim(bottom=min(nlogs) - 1)
             ax.set_title(f"{task}: {metric}")
         axes[t, 0].legend()
     fig.tight_layout()
