@@ -9,7 +9,7 @@ import torch
 import dpsbi
 from dpsbi.baselines.da_mcmc import chain_diagnostics, da_mcmc, gelman_rubin, record_sweep
 from dpsbi.baselines.exact_abc import abc_is, seeded
-from dpsbi.baselines.records import NaiveBayesRecords, RegressionRecords, record_model
+from dpsbi.baselines.records import RegressionRecords, record_model
 from dpsbi.metrics import c2st
 
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731

@@ -84,6 +84,13 @@ def metrics_plot(rows: list[dict], metrics: Sequence[str], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _symlog_if_collapsed(ax, nlogs: list[float]) -> None:
+    """A symlog axis when a collapsed method's NLOG (~1e15) would flatten every other method's."""
+    if nlogs and max(map(abs, nlogs)) > 1e4:
+        ax.set_yscale("symlog", linthresh=10)
+        ax.set_ylim(bottom=min(nlogs) - 1)
+
+
 def comparison_plot(rows: list[dict], metrics: Sequence[str], path: Path) -> None:
     """A sweep's final metrics: one panel per (task, metric), one line per method against epsilon (log
     scale) when the sweep varies epsilon, else one point per run."""
@@ -112,10 +119,8 @@ def comparison_plot(rows: list[dict], metrics: Sequence[str], path: Path) -> Non
                 ax.set_xlabel("epsilon")
             else:
                 ax.set_xticks(range(len(by_method)), list(by_method), rotation=30)
-            nlogs = [row["nlog"] for row in runs if metric == "nlog" and row.get("nlog") is not None]
-            if nlogs and max(map(abs, nlogs)) > 1e4:  # a collapsed method's NLOG (1e15) would flatten the others
-                ax.set_yscale("symlog", linthresh=10)
-                ax.set_ylim(bottom=min(nlogs) - 1)
+            if metric == "nlog":
+                _symlog_if_collapsed(ax, [row["nlog"] for row in runs if row.get("nlog") is not None])
             ax.set_title(f"{task}: {metric}")
         axes[t, 0].legend()
     fig.tight_layout()

@@ -52,6 +52,7 @@ def make(
         return mechanism.sample(simulator(theta_true, generator), generator=generator)
 
     stored = {e: [v / n for v in vals] for e, vals in STORED.items()} if paper_setting else {}
+
     def exact_posterior(y: Tensor) -> NaiveBayesPosterior:
         cond = torch.full((classes, features, values), concentration, dtype=dtype)
         return NaiveBayesPosterior(y.reshape(-1), cond, torch.full((classes,), concentration, dtype=dtype), n, mechanism.scale)

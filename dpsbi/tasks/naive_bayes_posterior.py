@@ -13,6 +13,8 @@ Given ``n_1`` the blocks are independent, so the weights factor into a ``(n + 1)
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import Tensor
 from torch.distributions import Categorical, Dirichlet, Distribution
@@ -70,8 +72,9 @@ class NaiveBayesPosterior(Distribution):
         pi = Dirichlet(self.alpha_pi + self.n_class[n1]).sample()
         return torch.cat([cond.reshape(count, -1), pi], -1).to(self.dtype).reshape(shape + self.event_shape)
 
+    @cached_property
     def _moments(self) -> tuple[Tensor, Tensor]:
-        """Exact posterior mean and variance ``(4K + 2,)`` from the mixture's Dirichlet moments."""
+        """Exact posterior mean and variance ``(4K + 2,)`` from the mixture's Dirichlet moments (computed once)."""
         def beta_moments(first: Tensor, total: Tensor, weights: Tensor, dims) -> tuple[Tensor, Tensor]:
             m1 = (weights * first / total).sum(dims)
             m2 = (weights * first * (first + 1) / (total * (total + 1))).sum(dims)
@@ -88,9 +91,9 @@ class NaiveBayesPosterior(Distribution):
 
     @property
     def mean(self) -> Tensor:
-        return self._moments()[0]
+        return self._moments[0]
 
     @property
     def variance(self) -> Tensor:
-        return self._moments()[1]
+        return self._moments[1]
 
