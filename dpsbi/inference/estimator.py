@@ -19,7 +19,8 @@ from tqdm.auto import trange
 from ..tasks import Task
 from .flows import ConditionalFlow, FlowConfig
 from .parameters import ParameterSpace
-from .posterior import Posterior, _task_spec, atomic_save
+from ..files import atomic_save
+from .posterior import Posterior, _task_spec
 from .seeding import derive_seed
 from .training import Loss, TrainingSettings, fit_flow
 

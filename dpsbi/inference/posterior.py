@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .. import tasks
+from ..files import atomic_save
 from ..tasks import Task
 from .flows import ConditionalFlow, FlowConfig
 from .mcmc import MCMCConfig, resample_init, slice_sample
@@ -21,13 +22,6 @@ from .seeding import draw_seed, make_generator
 
 FORMAT = "dpsbi-posterior"
 VERSION = 1
-
-
-def atomic_save(payload: dict, path: str | os.PathLike) -> None:
-    """``torch.save`` through a temporary file and a rename, so that a kill never leaves half a file."""
-    tmp = f"{os.fspath(path)}.tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
 
 
 class Posterior(abc.ABC):
