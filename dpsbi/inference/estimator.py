@@ -4,10 +4,12 @@ every simulation, train the flow on all of them, checkpoint, repeat."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -16,18 +18,21 @@ from torch import Tensor
 from torch.utils.data import TensorDataset
 from tqdm.auto import trange
 
+from ..files import exclusive, load_sealed, save_sealed
 from ..tasks import Task
+from ..tasks.identity import differences, identity
 from .flows import ConditionalFlow, FlowConfig
 from .parameters import ParameterSpace
-from ..files import atomic_save
 from .posterior import Posterior, _task_spec
 from .seeding import derive_seed
 from .training import Loss, TrainingSettings, fit_flow
 
 CHECKPOINT_FORMAT = "dpsbi-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 #: Settings that may change between a run and its resumption.
 RESUMABLE = ("rounds",)
+#: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
+PROBE_ROWS = 2
 
 RoundCallback = Callable[[int, Posterior, int], None]
 
@@ -40,7 +45,9 @@ class SequentialEstimator(abc.ABC):
     current posterior at ``task.y_obs``, simulates their confidential summaries, holds out
     ``validation_fraction`` of them for validation, and trains the flow (continuing from the previous
     round's weights) on all simulations so far. With ``checkpoint_dir`` the state after each round is
-    written there and :meth:`run` resumes from the last finished round with the stored simulations.
+    written there and :meth:`run` resumes from the last finished round with the stored simulations, after
+    checking that the checkpoint was made by the same settings and the same task (prior, mechanism, epsilon,
+    release, and the simulator: a few stored parameters are re-simulated with their stored seed).
     ``on_round_end(round_index, posterior, num_simulations)`` is called after each round.
 
     Arguments (defaults: the paper's settings): ``rounds`` x ``sims_per_round`` simulations;
@@ -85,6 +92,7 @@ class SequentialEstimator(abc.ABC):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
         if not 0 < validation_fraction < 1 or round(validation_fraction * sims_per_round) >= sims_per_round:
             raise ValueError(f"validation_fraction must leave training data in (0, 1), got {validation_fraction}")
+        task.validate()
         if rounds > 1 and task.y_obs is None:
             raise ValueError(f"sequential rounds propose at task.y_obs, but task {task.name!r} has none")
         self.task, self.space = task, ParameterSpace(task)
@@ -98,6 +106,8 @@ class SequentialEstimator(abc.ABC):
         self.flow: ConditionalFlow | None = None
         self.data: dict[str, Tensor] = {}
         self.history: list[dict] = []
+        #: ``{"theta", "s"}`` of :data:`PROBE_ROWS` stored rows re-simulated with the probe seed (in checkpoints).
+        self.probe: dict[str, Tensor] | None = None
 
     # ---- what subclasses define ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -126,7 +136,13 @@ class SequentialEstimator(abc.ABC):
         return int(self.data["theta"].shape[0]) if self.data else 0
 
     def run(self) -> Posterior:
-        """Train the remaining rounds and return the final posterior."""
+        """Train the remaining rounds and return the final posterior. While it runs, ``checkpoint_dir`` is
+        locked: a second estimator writing there fails at once instead of mixing the two runs."""
+        lock = exclusive(self.checkpoint_path.with_suffix(".lock"), f"checkpoint directory {self.checkpoint_path.parent}", timeout=0) if self.checkpoint_path else contextlib.nullcontext()
+        with lock:
+            return self._run()
+
+    def _run(self) -> Posterior:
         start = self._resume()
         posterior = self.posterior(start - 1) if start else None
         for r in trange(start, self.rounds, desc=f"{self.method} rounds", disable=not self.progress or start >= self.rounds):
@@ -134,7 +150,8 @@ class SequentialEstimator(abc.ABC):
             self._simulate(r, posterior)
             if self.flow is None:
                 self.flow = self._build_flow()
-            fit = fit_flow(self.flow, self.loss(r), self._dataset(False), self._dataset(True), self.settings, derive_seed(self.seed, r, "fit"), self.progress)
+            label = f"{self.method} round {r}"
+            fit = fit_flow(self.flow, self.loss(r), self._dataset(False), self._dataset(True), self.settings, derive_seed(self.seed, r, "fit"), self.progress, label)
             posterior = self.posterior(r)
             self.history.append({"round": r, "num_simulations": self.num_simulations, "seconds": time.perf_counter() - began, **fit})
             self._save_checkpoint()
@@ -171,8 +188,9 @@ class SequentialEstimator(abc.ABC):
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def fingerprint(self) -> dict:
-        """Everything that determines the run's result (JSON-able); a checkpoint must match it to resume."""
-        task = _task_spec(self.task) or {"name": self.task.name}
+        """Everything that determines the run's result (JSON-able); a checkpoint must match it to resume.
+        The simulator cannot be written down: :meth:`_check_simulator` re-simulates stored rows instead."""
+        task = {**identity(self.task), "spec": _task_spec(self.task)}
         task["y_obs"] = None if self.task.y_obs is None else self.task.y_obs.tolist()
         return {
             "method": self.method,
@@ -188,10 +206,18 @@ class SequentialEstimator(abc.ABC):
             **self.options(),
         }
 
+    def _probe(self, theta: Tensor) -> Tensor:
+        """Summaries of the stored parameters ``theta (PROBE_ROWS, dim_theta)`` under the run's probe seed."""
+        generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, "probe"))
+        return self.task.simulate(theta, generator)
+
     def _save_checkpoint(self) -> None:
         if self.checkpoint_path is None:
             return
         self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.probe is None:
+            theta = self.data["theta"][:PROBE_ROWS]
+            self.probe = {"theta": theta.cpu(), "s": self._probe(theta).cpu()}
         payload = {
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
@@ -200,32 +226,55 @@ class SequentialEstimator(abc.ABC):
             "flow_shape": [self.flow.dim, self.flow.context_dim],
             "flow": {k: v.detach().cpu() for k, v in self.flow.state_dict().items()},
             "data": {k: v.cpu() for k, v in self.data.items()},
+            "probe": self.probe,
         }
-        atomic_save(payload, self.checkpoint_path)
+        save_sealed(payload, self.checkpoint_path)
 
     def _resume(self) -> int:
-        """Load the checkpoint if there is one; returns the number of finished rounds."""
-        if self.checkpoint_path is None or not self.checkpoint_path.exists():
+        """Load the checkpoint if there is one; returns the number of finished rounds. Refuses (``ValueError``
+        naming the file and what differs) a corrupt file, another run's checkpoint, one with more finished
+        rounds than ``rounds``, and one whose simulations the task's simulator no longer reproduces."""
+        path = self.checkpoint_path
+        if path is None or not path.exists():
             return 0
-        try:
-            payload = torch.load(self.checkpoint_path, map_location=self.space.device, weights_only=True)
-            stored = json.loads(payload["fingerprint"]) if payload["format"] == CHECKPOINT_FORMAT else None
-        except Exception as error:  # corrupted, or a pickle of arbitrary objects
-            raise ValueError(f"{self.checkpoint_path} is not a readable dpsbi checkpoint ({type(error).__name__}: {error})") from None
-        if stored is None or payload.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"{self.checkpoint_path} is not a dpsbi checkpoint of version {CHECKPOINT_VERSION}")
+        payload = load_sealed(path, "dpsbi checkpoint", map_location=self.space.device)
+        if payload.get("format") != CHECKPOINT_FORMAT or payload.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"{path} is not a dpsbi checkpoint of version {CHECKPOINT_VERSION}")
+        stored = json.loads(payload["fingerprint"])
         current = self.fingerprint()
-        differ = sorted(k for k in set(stored) | set(current) if k not in RESUMABLE and stored.get(k) != current.get(k))
+        differ = differences({k: v for k, v in stored.items() if k not in RESUMABLE}, {k: v for k, v in current.items() if k not in RESUMABLE})
         if differ:
+            raise ValueError(f"{path} belongs to a different run ({'; '.join(differ)}); use another checkpoint_dir or the same settings")
+        history = json.loads(payload["history"])
+        if len(history) > self.rounds:
             raise ValueError(
-                f"{self.checkpoint_path} belongs to a different run (settings differ: {', '.join(differ)}); "
-                "use another checkpoint_dir or the same settings"
+                f"{path} holds {len(history)} finished rounds, more than rounds={self.rounds}; "
+                f"ask for rounds >= {len(history)} or use another checkpoint_dir"
             )
-        self.data = payload["data"]
-        self.history = json.loads(payload["history"])
+        self._check_simulator(payload["probe"]["theta"], payload["probe"]["s"])
+        self.probe = payload["probe"]
+        self.data, self.history = payload["data"], history
         self.flow = ConditionalFlow.blank(self.flow_config, *payload["flow_shape"])
         self.flow.load_state_dict(payload["flow"])
-        return len(self.history)
+        return len(history)
+
+    def _check_simulator(self, theta: Tensor, s: Tensor) -> None:
+        """Re-simulate the stored ``theta`` with the probe seed: refuse if the summaries differ from the stored
+        ``s`` while the simulator is reproducible (it changed); warn if it is not reproducible from its seed."""
+        again = self._probe(theta)
+        if torch.allclose(again, s.to(again), rtol=1e-4, atol=1e-6):
+            return
+        if not torch.allclose(self._probe(theta), again, rtol=1e-4, atol=1e-6):
+            warnings.warn(
+                f"task {self.task.name!r}: the simulator does not reproduce its output from the generator it is given, "
+                f"so resuming from {self.checkpoint_path} cannot check that it is unchanged (and reruns are not reproducible)",
+                stacklevel=3,
+            )
+            return
+        raise ValueError(
+            f"{self.checkpoint_path} was simulated by another simulator: at theta={theta[0].tolist()} the stored summary is "
+            f"{s[0].tolist()} but task {self.task.name!r} now gives {again[0].tolist()}; use another checkpoint_dir"
+        )
 
     def _posterior_flow(self) -> ConditionalFlow:
         return copy.deepcopy(self.flow).eval()

@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor, nn
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from .seeding import derive_seed
 from .settings import Settings
@@ -52,22 +52,35 @@ class TrainingSettings(Settings):
             raise ValueError(f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}")
 
 
+class NonFiniteLossError(RuntimeError):
+    """A training or validation loss that is NaN or infinite."""
+
+
 class LossModule(pl.LightningModule):
     """Trains ``flow`` on ``loss``. Every training step draws fresh mechanism noise from a generator seeded
     with ``train_seed``; every validation epoch reuses the same noise (``val_seed``), so that validation
-    losses of different epochs differ only through the weights. Keeps the best weights seen."""
+    losses of different epochs differ only through the weights. Keeps the best weights seen.
 
-    def __init__(self, flow: nn.Module, loss: Loss, settings: TrainingSettings, train_seed: int, val_seed: int) -> None:
+    A non-finite loss raises :class:`NonFiniteLossError` naming ``label`` (e.g. ``"SPPE round 2"``), the
+    epoch and the step. Training steps record the first bad step on the device and are checked once per
+    epoch, so that no step waits for the host."""
+
+    def __init__(self, flow: nn.Module, loss: Loss, settings: TrainingSettings, train_seed: int, val_seed: int, label: str = "training") -> None:
         super().__init__()
-        self.flow, self.loss, self.settings = flow, loss, settings
+        self.flow, self.loss, self.settings, self.label = flow, loss, settings, label
         self.train_seed, self.val_seed = train_seed, val_seed
         self.best_loss, self.best_state, self.epochs = math.inf, None, 0
 
     def on_fit_start(self) -> None:
         self.train_generator = torch.Generator(device=self.device).manual_seed(self.train_seed)
 
+    def on_train_epoch_start(self) -> None:
+        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
+
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss = self.loss(self.flow, batch, self.train_generator)
+        unseen = (self.first_bad_step < 0) & ~torch.isfinite(loss)
+        self.first_bad_step = torch.where(unseen, batch_idx, self.first_bad_step)
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[0]))
         return loss
 
@@ -82,11 +95,22 @@ class LossModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         value = self.val_sum / self.val_count
+        bad_step = int(self.first_bad_step)
+        if bad_step >= 0:
+            self._fail(f"the training loss at step {bad_step}")
+        if not math.isfinite(value):
+            self._fail(f"the validation loss ({value})")
         self.log("val_loss", value, prog_bar=True)
         self.epochs += 1
         if value < self.best_loss:
             self.best_loss = value
             self.best_state = {k: v.detach().clone() for k, v in self.flow.state_dict().items()}
+
+    def _fail(self, what: str) -> None:
+        raise NonFiniteLossError(
+            f"{self.label}, epoch {self.epochs}: {what} is not finite; the simulator, the mechanism or the flow "
+            "produced NaN/inf (check the summaries' scale, or lower lr)"
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.flow.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
@@ -110,10 +134,26 @@ def _quiet(progress: bool):
                 lg.setLevel(level)
 
 
+class Batches(Sampler[Tensor]):
+    """Index batches of ``batch_size`` rows over ``size`` rows, shuffled by ``shuffle`` if given. A trailing
+    partial batch joins the one before it, so no batch has fewer than ``batch_size`` rows (unless there are
+    fewer rows in all): the atomic loss then always has its full number of atoms."""
+
+    def __init__(self, size: int, batch_size: int, shuffle: torch.Generator | None = None) -> None:
+        self.size, self.batch_size, self.shuffle = size, batch_size, shuffle
+
+    def __len__(self) -> int:
+        return max(self.size // self.batch_size, 1)
+
+    def __iter__(self):
+        order = torch.randperm(self.size, generator=self.shuffle) if self.shuffle is not None else torch.arange(self.size)
+        bounds = [i * self.batch_size for i in range(len(self))] + [self.size]
+        return (order[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+
+
 def _loader(data: TensorDataset, batch_size: int, shuffle: torch.Generator | None = None) -> DataLoader:
-    """Batches of ``data`` taken by tensor indexing (no per-row collation); shuffled by ``shuffle`` if given."""
-    order = RandomSampler(data, generator=shuffle) if shuffle is not None else SequentialSampler(data)
-    return DataLoader(data, sampler=BatchSampler(order, batch_size, drop_last=False), batch_size=None)
+    """Batches of ``data`` taken by tensor indexing (no per-row collation); see :class:`Batches`."""
+    return DataLoader(data, sampler=Batches(len(data), batch_size, shuffle), batch_size=None)
 
 
 def fit_flow(
@@ -124,12 +164,14 @@ def fit_flow(
     settings: TrainingSettings,
     seed: int,
     progress: bool = True,
+    label: str = "training",
 ) -> dict:
     """Train ``flow`` in place with one Lightning ``Trainer`` until the validation loss has not improved
     for ``patience`` epochs (or ``max_epochs``), then restore its best weights; the flow stays on the
-    training device. Returns ``{"epochs", "best_val_loss"}``."""
+    training device. A non-finite loss raises :class:`NonFiniteLossError` naming ``label``. Returns
+    ``{"epochs", "best_val_loss"}``."""
     shuffle = torch.Generator().manual_seed(derive_seed(seed, "shuffle"))
-    module = LossModule(flow, loss, settings, derive_seed(seed, "noise"), derive_seed(seed, "validation"))
+    module = LossModule(flow, loss, settings, derive_seed(seed, "noise"), derive_seed(seed, "validation"), label)
     with _quiet(progress):
         trainer = pl.Trainer(
             accelerator=settings.accelerator,
@@ -137,7 +179,7 @@ def fit_flow(
             precision=settings.precision,
             max_epochs=-1 if settings.max_epochs is None else settings.max_epochs,
             gradient_clip_val=settings.clip,
-            callbacks=[EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min")],
+            callbacks=[EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min", check_finite=False)],
             num_sanity_val_steps=0,
             enable_progress_bar=progress,
             enable_model_summary=False,

@@ -73,7 +73,8 @@ class Gaussian(Mechanism):
         return mech
 
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
-        return s + self.sigma * math.sqrt(2.0) * torch.erfinv(2 * u - 1)
+        # ndtri stays finite for every u in (0, 1); sqrt(2) erfinv(2u - 1) is -inf in float32 below u = 2^-25.
+        return s + self.sigma * torch.special.ndtri(u)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
         z = (y - s) / self.sigma

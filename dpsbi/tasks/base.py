@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.distributions import Distribution, Transform, identity_transform
@@ -19,8 +20,10 @@ class Task:
     """A private-data inference problem.
 
     ``simulator(theta, generator)`` maps parameters ``(n, dim_theta)`` to confidential summaries
-    ``(n, dim_s)``; the curator's release is ``mechanism.sample(s)``. ``transform`` maps the
-    unconstrained space ``R^dim_unconstrained`` onto the prior's support (flows work there).
+    ``(n, dim_s)`` (a torch tensor or numpy array of any numeric dtype; :meth:`simulate` converts it to
+    torch's default float dtype on ``theta``'s device); the curator's release is ``mechanism.sample(s)``.
+    ``transform`` maps the unconstrained space ``R^dim_unconstrained`` onto the prior's support (flows work
+    there). The release and true parameter are checked at construction (:meth:`validate`).
     """
 
     name: str
@@ -42,6 +45,21 @@ class Task:
     #: ``{"name", "kwargs"}`` that rebuild it with :func:`dpsbi.tasks.load` (set by ``load``; saved posteriors use it).
     spec: dict | None = None
 
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the problem if the prior, the mechanism, ``y_obs`` or ``true_theta``
+        cannot be used (shapes, support, finiteness); called at construction and by the estimators."""
+        if not isinstance(self.mechanism, Mechanism):
+            raise ValueError(f"task {self.name!r}: mechanism must be a dpsbi Mechanism, got {type(self.mechanism).__name__}")
+        if len(self.prior.event_shape) != 1:
+            raise ValueError(f"task {self.name!r}: the prior must be over vectors (event shape (d,)), got {tuple(self.prior.event_shape)}")
+        if self.y_obs is not None:
+            self.check_release(self.y_obs)
+        if self.true_theta is not None:
+            self.check_theta(self.true_theta)
+
     @property
     def dim_theta(self) -> int:
         """Dimension of a parameter vector in the prior's space."""
@@ -60,7 +78,7 @@ class Task:
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Confidential summaries ``(n, mechanism.input_dim)`` (usually ``dim_s``) for parameters ``(n, dim_theta)``; errors on NaN or bad shapes."""
         theta = self.check_theta(theta)
-        s = self.simulator(theta, generator)
+        s = as_summary(self.simulator(theta, generator), theta.device)
         expected = (theta.shape[0], self.mechanism.input_dim)
         if s.shape != expected:
             raise RuntimeError(f"task {self.name!r}: simulator returned shape {tuple(s.shape)}, expected {expected}")
@@ -97,13 +115,15 @@ class Task:
 
     def check_release(self, y: Tensor) -> Tensor:
         """Return a release as ``(n, dim_s)``, or raise ``ValueError`` (wrong shape, outside the mechanism's support)."""
-        if not self.release_from_mechanism:
-            y = torch.as_tensor(y, dtype=torch.get_default_dtype())
-            y = y.unsqueeze(0) if y.ndim == 1 else y
-            if y.ndim != 2 or y.shape[-1] != self.dim_s:
-                raise ValueError(f"task {self.name!r}: release must have shape (n, {self.dim_s}), got {tuple(y.shape)}")
-            return y
-        return self.mechanism.validate_release(y)
+        if self.release_from_mechanism:
+            return self.mechanism.validate_release(y)
+        y = torch.as_tensor(y, dtype=torch.get_default_dtype())
+        y = y.unsqueeze(0) if y.ndim == 1 else y
+        if y.ndim != 2 or y.shape[-1] != self.dim_s:
+            raise ValueError(f"task {self.name!r}: release must have shape (n, {self.dim_s}), got {tuple(y.shape)}")
+        if not torch.isfinite(y).all():
+            raise ValueError(f"task {self.name!r}: the release holds NaN or inf: {y.tolist()}")
+        return y
 
     def require_mechanism_release(self, method: str) -> None:
         """Raise if ``method`` needs ``log eta(y_obs | s)`` but ``y_obs`` did not come from the mechanism."""
@@ -119,6 +139,14 @@ class Task:
             f"mechanism={self.mechanism!r})"
         )
 
+
+
+def as_summary(s, device: torch.device) -> Tensor:
+    """A simulator's output (torch tensor or numpy array, any numeric dtype) as a tensor of torch's default
+    float dtype on ``device``."""
+    if not torch.is_tensor(s):
+        s = torch.from_numpy(np.asarray(s))
+    return s.to(device=device, dtype=torch.get_default_dtype())
 
 
 def observed_release(

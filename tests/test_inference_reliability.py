@@ -1,0 +1,153 @@
+"""Nothing silently wrong in the estimators: checkpoints refuse another model, settings and tasks are
+checked before any simulation, a non-finite loss is an error, foreign simulators' dtypes are accepted, and
+atomic batches always have their atoms."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import dpsbi
+from dpsbi.inference.losses import sppe_loss
+from dpsbi.inference.training import Batches, NonFiniteLossError
+from dpsbi.mechanisms import Gaussian, Laplace
+from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
+
+TINY = dict(sims_per_round=60, inner_samples=2, flow=dict(transforms=1, hidden=8), max_epochs=1, progress=False)
+
+
+def _task(**kwargs):
+    return dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0, **kwargs)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A finished two-round SPPE checkpoint of the conjugate toy at epsilon 10."""
+    dpsbi.SPPE(_task(), rounds=2, atoms=3, checkpoint_dir=tmp_path, **TINY).run()
+    return tmp_path
+
+
+def _resume(task, directory, **kwargs):
+    return dpsbi.SPPE(task, atoms=3, checkpoint_dir=directory, **{**TINY, "rounds": 2, **kwargs}).run()
+
+
+def test_a_checkpoint_resumes_with_the_same_task(checkpoint):
+    assert _resume(_task(), checkpoint).sample((3,), seed=0).shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda t: dataclasses.replace(t, simulator=lambda th, g=None: t.simulator(th, g) + 0.5), "another simulator"),
+        (lambda t: dataclasses.replace(t, simulator=_task(noise_sd=2.0).simulator), "another simulator"),
+        (lambda t: dataclasses.replace(t, prior=torch.distributions.Independent(torch.distributions.Normal(torch.zeros(2), 2 * torch.ones(2)), 1)), "prior"),
+        (lambda t: dataclasses.replace(t, mechanism=Gaussian(5.0, 1e-5, 1.0, dim=2), epsilon=5.0), "epsilon"),
+        (lambda t: dataclasses.replace(t, mechanism=Laplace(10.0, 1.0, dim=2)), "mechanism.type: 'Gaussian' vs 'Laplace'"),
+        (lambda t: dataclasses.replace(t, y_obs=t.y_obs + 1), "y_obs"),
+    ],
+    ids=["simulator-shift", "simulator-noise", "prior", "epsilon", "mechanism", "release"],
+)
+def test_a_checkpoint_of_another_model_is_refused(checkpoint, change, match):
+    with pytest.raises(ValueError, match=match):
+        _resume(change(_task()), checkpoint)
+
+
+def test_fewer_rounds_than_a_checkpoint_holds_are_refused(checkpoint):
+    with pytest.raises(ValueError, match="holds 2 finished rounds, more than rounds=1"):
+        _resume(_task(), checkpoint, rounds=1)
+
+
+def test_a_simulator_that_ignores_its_generator_resumes_with_a_warning(tmp_path):
+    task = dataclasses.replace(_task(), simulator=lambda th, g=None: th + torch.randn(th.shape))
+    dpsbi.SPPE(task, rounds=1, atoms=3, checkpoint_dir=tmp_path, **TINY).run()
+    with pytest.warns(UserWarning, match="does not reproduce its output"):
+        dpsbi.SPPE(task, rounds=2, atoms=3, checkpoint_dir=tmp_path, **TINY)._resume()
+
+
+def test_two_estimators_never_share_a_checkpoint_directory(tmp_path):
+    from dpsbi.files import BusyError, exclusive
+
+    with exclusive(tmp_path / "checkpoint.lock", "held by a test"):
+        with pytest.raises(BusyError, match="in use by another process"):
+            dpsbi.SPPE(_task(), rounds=1, checkpoint_dir=tmp_path, **TINY).run()
+
+
+@pytest.mark.parametrize(
+    "y_obs, match",
+    [([[0.1, 0.2, 0.3]], r"shape \(n, 2\)"), ([[float("nan"), 0.0]], "outside the support")],
+    ids=["wrong-length", "nan"],
+)
+def test_a_bad_release_is_refused_at_construction(y_obs, match):
+    task = _task()
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(task, y_obs=torch.tensor(y_obs))
+    task.y_obs = torch.tensor(y_obs)  # set after construction: refused by the estimator before simulating
+    with pytest.raises(ValueError, match=match):
+        dpsbi.SPPE(task, rounds=1, **TINY)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(rounds=0), "rounds >= 1"),
+        (dict(sims_per_round=-5), "sims_per_round >= 2"),
+        (dict(inner_samples=3), "power of two"),
+        (dict(flow=dict(hidden=0)), "hidden must be a positive integer"),
+        (dict(atoms=101), "exceeds the batch size"),
+        (dict(batch_size=0), "batch_size"),
+    ],
+)
+def test_bad_settings_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dpsbi.SPPE(_task(), **{**TINY, "rounds": 2, **kwargs})
+
+
+def test_numpy_float64_simulators_train_sppe_and_sple():
+    """A numpy simulator returning float64 arrays (and seeding itself from the torch generator)."""
+    base = _task()
+
+    def simulator(theta, generator=None):
+        seed = int(torch.randint(0, 2**31 - 1, (), generator=generator))
+        return theta.numpy().astype(np.float64) + np.random.default_rng(seed).normal(size=tuple(theta.shape))
+
+    task = dataclasses.replace(base, simulator=simulator)
+    assert task.simulate(base.prior.sample((4,))).dtype == torch.get_default_dtype()
+    for method in (dpsbi.SPPE, dpsbi.SPLE):
+        draws = method(task, rounds=1, **TINY).run().sample((10,), seed=0)
+        assert draws.dtype == torch.get_default_dtype() and torch.isfinite(draws).all()
+
+
+def test_a_non_finite_loss_is_an_error_naming_the_round():
+    task = dataclasses.replace(_task(), simulator=lambda th, g=None: torch.where(th[:, :1] > 1.5, math.inf, 0.0) + th)
+    task.simulate = lambda theta, generator=None: task.simulator(theta, generator)  # skip the finiteness check
+    with pytest.raises(NonFiniteLossError, match="SPPE round 0, epoch 0: the training loss at step"):
+        dpsbi.SPPE(task, rounds=1, **TINY).run()
+
+
+def test_the_gaussian_quantile_is_finite_down_to_the_smallest_uniform():
+    mechanism = Gaussian(1.0, 1e-5, 1.0)
+    u = torch.tensor([[2.0**-30], [2.0**-60], [1e-38]], dtype=torch.float32)
+    y = mechanism.sample(torch.zeros(3, 1), u)
+    assert torch.isfinite(y).all() and (y < -5 * mechanism.sigma).all()
+
+
+@pytest.mark.parametrize("size, batch", [(7, 3), (6, 3), (2, 5), (201, 100)])
+def test_batches_cover_every_row_once_and_none_is_short(size, batch):
+    batches = list(Batches(size, batch, torch.Generator().manual_seed(0)))
+    assert sorted(torch.cat(batches).tolist()) == list(range(size))
+    assert all(len(b) >= min(batch, size) for b in batches)
+
+
+def test_the_atomic_loss_keeps_its_atoms_in_the_last_batch():
+    """Before the fix a trailing batch of one row had atomic loss exactly 0 (one atom, log softmax of one logit)."""
+    from dpsbi.inference.training import _loader
+
+    task = _task()
+    theta = task.prior.sample((101,))
+    s = task.simulate(theta)
+    flow = dpsbi.inference.ConditionalFlow(dpsbi.inference.FlowConfig(transforms=1, hidden=8), theta, s)
+    data = torch.utils.data.TensorDataset(theta, s, task.prior.log_prob(theta))
+    losses = [float(sppe_loss(flow, z, ss, task.mechanism, 2, True, None, atoms=10, log_prior=lp)) for z, ss, lp in _loader(data, 50)]
+    assert len(losses) == 2 and min(losses) > 0.5
