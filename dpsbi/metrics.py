@@ -21,26 +21,33 @@ if TYPE_CHECKING:
     from .tasks import Task
 
 
-def _check_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+def _check_pair(a: Tensor, b: Tensor, metric: str, min_rows: int = 2) -> tuple[Tensor, Tensor]:
+    """Draws ``a (n, d)`` and ``b (m, d)`` as float32 CPU tensors, or a ``ValueError`` naming ``metric``, the
+    argument at fault and the problem: shapes, fewer than ``min_rows`` rows, rows with NaN/inf."""
     a, b = torch.as_tensor(a), torch.as_tensor(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"samples must be (n, d) and (m, d) with the same d, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[0] < 2 or b.shape[0] < 2:
-        raise ValueError("each sample set needs at least 2 draws")
+        raise ValueError(f"{metric}: a and b must be (n, d) and (m, d) with the same d, got {tuple(a.shape)} and {tuple(b.shape)}")
+    for name, draws in (("a", a), ("b", b)):
+        if draws.shape[0] < min_rows:
+            raise ValueError(f"{metric}: {name} has {draws.shape[0]} rows; it needs at least {min_rows}")
+        bad = int((~torch.isfinite(draws).all(-1)).sum())
+        if bad:
+            raise ValueError(f"{metric}: {name} has {bad} of {draws.shape[0]} rows with NaN/inf")
     return a.detach().float().cpu(), b.detach().float().cpu()
 
 
 def c2st(a: Tensor, b: Tensor, seed: int = 1, classifier: str = "rf", n_folds: int = 5) -> float:
     """Classifier two-sample test accuracy between draws ``a (n, d)`` and ``b (m, d)``: 0.5 means
-    indistinguishable, 1.0 fully separable (sbi's z-scored cross-validated classifier)."""
-    a, b = _check_pair(a, b)
+    indistinguishable, 1.0 fully separable (sbi's z-scored cross-validated classifier). Each set needs at
+    least ``n_folds`` finite rows."""
+    a, b = _check_pair(a, b, "c2st", min_rows=n_folds)
     return float(_sbi_c2st(a, b, seed=seed, n_folds=n_folds, classifier=classifier))
 
 
 def mmd(a: Tensor, b: Tensor, scale: float | None = None) -> float:
     """Unbiased squared MMD between ``a (n, d)`` and ``b (m, d)`` with a Gaussian kernel (median-heuristic
     length scale unless ``scale`` is given)."""
-    a, b = _check_pair(a, b)
+    a, b = _check_pair(a, b, "mmd")
     return float(unbiased_mmd_squared(a, b, scale=scale))
 
 

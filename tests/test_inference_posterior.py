@@ -1,13 +1,18 @@
 """Posterior objects: densities in the prior's space, release validation, and the save/load file format."""
 
+import dataclasses
 import math
 import pickle
+import re
 
 import pytest
 import torch
 
 import dpsbi
+import dpsbi.inference.posterior as posterior_module
+from dpsbi.files import load_sealed, save_sealed
 from dpsbi.inference import ConditionalFlow, FlowConfig, FlowPosterior, LikelihoodPosterior, load_posterior
+from dpsbi.mechanisms import Laplace
 from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 TINY = dict(flow=dict(transforms=1, hidden=8), max_epochs=2, progress=False)
@@ -119,13 +124,141 @@ def test_truncated_or_tampered_posterior_files_are_refused(posteriors, tmp_path)
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="not a readable"):
         load_posterior(tmp_path / "cut.pt")
-    payload = torch.load(path, weights_only=True)
+    payload = load_sealed(path, "posterior")
     payload["state_dict"].popitem()
-    torch.save(payload, tmp_path / "tampered.pt")
+    torch.save(payload, tmp_path / "edited.pt")  # edited without a checksum
+    with pytest.raises(ValueError, match="no checksum"):
+        load_posterior(tmp_path / "edited.pt")
+    save_sealed(payload, tmp_path / "resealed.pt")  # edited and sealed again
     with pytest.raises(ValueError, match="do not fit"):
-        load_posterior(tmp_path / "tampered.pt")
+        load_posterior(tmp_path / "resealed.pt")
     with pytest.raises(FileNotFoundError):
         load_posterior(tmp_path / "missing.pt")
+
+
+def _damaged_copies(data: bytes, flips: int, cuts: int, seed: int = 0) -> list[tuple[str, bytes]]:
+    """``flips`` copies of ``data`` with 16 consecutive bytes XOR-ed (each byte changed) at a random place,
+    and ``cuts`` copies truncated at a random length."""
+    g = torch.Generator().manual_seed(seed)
+    copies = []
+    for _ in range(flips):
+        start = int(torch.randint(0, len(data) - 16, (), generator=g))
+        mask = torch.randint(1, 256, (16,), generator=g).tolist()
+        flipped = bytes(b ^ m for b, m in zip(data[start : start + 16], mask))
+        copies.append(("flip", data[:start] + flipped + data[start + 16 :]))
+    for _ in range(cuts):
+        copies.append(("cut", data[: int(torch.randint(0, len(data), (), generator=g))]))
+    return copies
+
+
+def test_damaged_posterior_files_are_refused_or_load_unchanged(task, tmp_path):
+    """Flipped bytes and truncations at random places: each file is refused, or (flips in bytes torch
+    ignores, such as the archive's padding) loads with exactly the original draws; none loads as another
+    posterior or with NaN draws."""
+    post = _random_flow_posterior(task, amortized=True)
+    path = tmp_path / "p.pt"
+    post.save(path)
+    original = post.sample((200,), seed=0)
+    counts = {(kind, outcome): 0 for kind in ("flip", "cut") for outcome in ("refused", "identical", "different")}
+    for kind, data in _damaged_copies(path.read_bytes(), flips=40, cuts=10):
+        path.write_bytes(data)
+        try:
+            draws = load_posterior(path).sample((200,), seed=0)
+        except (ValueError, RuntimeError):  # ValueError: refused at load; RuntimeError: NaN draws refused
+            counts[kind, "refused"] += 1
+            continue
+        counts[kind, "identical" if torch.equal(draws, original) else "different"] += 1
+    assert counts["flip", "different"] == 0 and counts["cut", "different"] == 0, counts
+    assert counts["cut", "refused"] == 10 and counts["flip", "refused"] >= 30, counts
+
+
+@pytest.mark.parametrize("version, write", [(1, torch.save), (3, save_sealed)])
+def test_posterior_files_of_another_format_version_are_refused(task, tmp_path, version, write):
+    path = tmp_path / "p.pt"
+    _random_flow_posterior(task, amortized=True).save(path)
+    payload = load_sealed(path, "posterior")
+    write({**payload, "version": version}, path)  # version 1 files carried no checksum
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}.*format version {version}.*reads version 2"):
+        load_posterior(path)
+
+
+def test_posterior_files_with_weights_that_are_not_finite_are_refused(task, tmp_path):
+    post = _random_flow_posterior(task, amortized=True)
+    name, weight = next(iter(post.flow.named_parameters()))
+    with torch.no_grad():
+        weight.view(-1)[0] = math.nan
+    post.save(tmp_path / "p.pt")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / 'p.pt'))}.*{re.escape(name)}.*NaN"):
+        load_posterior(tmp_path / "p.pt")
+
+
+def test_draws_that_are_not_finite_are_never_returned(task, monkeypatch):
+    post = _random_flow_posterior(task, amortized=True)
+    shift = next(value for key, value in post.flow.state_dict().items() if key.endswith("_shift"))
+    shift[0] = math.nan  # the flow's output shift (its z-scoring): every draw gets a NaN coordinate
+    with pytest.raises(RuntimeError, match="SPPE posterior of task 'conjugate_gaussian': 5 of 5 draws are NaN/inf"):
+        post.sample((5,), seed=0)
+    likelihood = _random_flow_posterior(task, LikelihoodPosterior, mcmc=dict(num_chains=2, warmup=0, init_candidates=10))
+    monkeypatch.setattr(posterior_module, "slice_sample", lambda *args: torch.tensor([[0.0, 0.0], [math.inf, 0.0], [0.0, 1.0]]))
+    with pytest.raises(RuntimeError, match="SPPE posterior of task 'conjugate_gaussian': 1 of 3 draws are NaN/inf"):
+        likelihood.sample((3,), seed=0)
+
+
+def test_a_posterior_file_is_refused_for_another_model(tmp_path):
+    """Saved at epsilon 1: refused with the task at epsilon 10, and with a hand-built task whose mechanism
+    differs; every differing field is named with both values."""
+    at_1 = dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0)
+    path = tmp_path / "p.pt"
+    post = _random_flow_posterior(at_1, amortized=True)
+    post.save(path)
+    with pytest.raises(ValueError, match=re.escape(str(path))) as refused:
+        load_posterior(path, task=dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0))
+    assert "epsilon: 1.0 vs 10.0" in str(refused.value) and "mechanism.epsilon: 1.0 vs 10.0" in str(refused.value)
+    assert "mechanism.sigma" in str(refused.value)
+    laplace = dataclasses.replace(at_1, mechanism=Laplace(1.0, 1.0, dim=2), spec=None)
+    with pytest.raises(ValueError, match="mechanism.type: 'Gaussian' vs 'Laplace'"):
+        load_posterior(path, task=laplace)
+    same = load_posterior(path, task=dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0))
+    assert torch.equal(same.sample((3,), seed=0), post.sample((3,), seed=0))
+
+
+def test_a_changed_registered_task_definition_is_caught(task, tmp_path, monkeypatch):
+    path = tmp_path / "p.pt"
+    _random_flow_posterior(task, amortized=True).save(path)
+    make = dpsbi.tasks._REGISTRY["conjugate_gaussian"]
+    monkeypatch.setitem(dpsbi.tasks._REGISTRY, "conjugate_gaussian", lambda **kwargs: make(**kwargs, sensitivity=2.0))
+    with pytest.raises(ValueError, match=r"mechanism.sensitivity: 1.0 vs 2.0"):
+        load_posterior(path)
+
+
+def _flow_batch_sizes(flow: ConditionalFlow, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the number of rows of every ``flow.sample`` / ``flow.log_prob`` call."""
+    sizes: list[int] = []
+    for name in ("sample", "log_prob"):
+        method = getattr(flow, name)
+
+        def spy(x, context, method=method):
+            sizes.append(torch.broadcast_shapes(x.shape[:-1], context.shape[:-1]).numel())
+            return method(x, context)
+
+        monkeypatch.setattr(flow, name, spy)
+    return sizes
+
+
+@pytest.mark.parametrize("cls", [FlowPosterior, LikelihoodPosterior])
+def test_sampling_and_densities_in_chunks_match_one_call(task, monkeypatch, cls):
+    """Chunks of at most CHUNK_ROWS rows per flow call; the same base noise, so the same draws and densities
+    (up to float32 round-off: matrix products round differently with the number of rows)."""
+    post = _random_flow_posterior(task, cls, **({"amortized": True} if cls is FlowPosterior else {}))
+    theta = torch.randn(5, 10, 2, generator=torch.Generator().manual_seed(1))
+    whole = post.sample((5, 10), seed=3) if cls is FlowPosterior else None
+    whole_log_prob = post.log_prob(theta)
+    sizes = _flow_batch_sizes(post.flow, monkeypatch)
+    monkeypatch.setattr(posterior_module, "CHUNK_ROWS", 7)
+    if cls is FlowPosterior:  # the likelihood posterior's MCMC calls the flow with num_chains rows
+        assert torch.allclose(post.sample((5, 10), seed=3), whole, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(post.log_prob(theta), whole_log_prob, rtol=1e-5, atol=1e-5)
+    assert sizes and max(sizes) <= 7
 
 
 @pytest.mark.parametrize("kind", ["sppe", "sple"])

@@ -82,6 +82,19 @@ def test_c2st_and_mmd_at_and_away_from_the_null():
     assert metrics.mmd(a, b + 1.0) > 10 * abs(metrics.mmd(a, b))
 
 
+def test_c2st_names_bad_draws_before_sbi_sees_them():
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(100, 2, generator=g), torch.randn(100, 2, generator=g)
+    b[[3, 50, 70], 1] = math.nan
+    b[80, 0] = math.inf
+    with pytest.raises(ValueError, match=r"c2st: b has 4 of 100 rows with NaN/inf"):
+        metrics.c2st(a, b)
+    with pytest.raises(ValueError, match=r"c2st: a has 3 rows; it needs at least 5"):
+        metrics.c2st(a[:3], a)
+    with pytest.raises(ValueError, match=r"c2st: a and b must be \(n, d\) and \(m, d\)"):
+        metrics.c2st(a, a[:, :1])
+
+
 class _ScaledExact:
     """The conjugate task's exact posterior with its spread scaled by ``width`` (1: exact; amortized)."""
 

@@ -1,4 +1,11 @@
-"""Trained posteriors: sampling, densities, and a safe file format (state_dict + JSON metadata)."""
+"""Trained posteriors: sampling, densities, and a safe file format (state_dict + JSON metadata).
+
+A posterior file (format version 2) is a sealed ``torch.save`` dict (:func:`dpsbi.files.save_sealed`: its
+content carries a SHA-256 checksum) holding the flow's ``state_dict`` and JSON metadata, among which the
+identity of the task's model (:func:`dpsbi.tasks.identity.identity`). Loading refuses, with a ``ValueError``
+naming the file, anything damaged, of another format version, with non-finite weights, or made for another
+model than the task it is loaded with.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +14,26 @@ import json
 import math
 import os
 import warnings
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from torch import Tensor
 
 from .. import tasks
-from ..files import atomic_save
+from ..files import CorruptFileError, load_sealed, save_sealed
 from ..tasks import Task
+from ..tasks.identity import differences, identity
 from .flows import ConditionalFlow, FlowConfig
 from .mcmc import MCMCConfig, resample_init, slice_sample
 from .parameters import ParameterSpace
 from .seeding import draw_seed, make_generator
 
 FORMAT = "dpsbi-posterior"
-VERSION = 1
+VERSION = 2
+#: What a posterior file is called in messages.
+WHAT = "dpsbi posterior file"
+#: Most rows per flow call when sampling or evaluating densities (a flow call takes ~1.3 KB per row).
+CHUNK_ROWS = 100_000
 
 
 class Posterior(abc.ABC):
@@ -48,13 +60,41 @@ class Posterior(abc.ABC):
         self.flow.to(device)
         return self
 
-    @abc.abstractmethod
+    @torch.no_grad()
     def sample(self, sample_shape=(), y: Tensor | None = None, generator: torch.Generator | None = None, seed: int | None = None) -> Tensor:
-        """Draws ``sample_shape + (dim_theta,)`` at release ``y``; ``seed`` or ``generator`` fix them."""
+        """Draws ``sample_shape + (dim_theta,)`` at release ``y``; ``seed`` or ``generator`` fix them. Raises
+        ``RuntimeError`` rather than return a NaN/inf draw."""
+        y = self._release(y)
+        shape = torch.Size(sample_shape)
+        z = self._sample_z(shape.numel(), y, self._noise_generator(generator, seed))
+        return self._finite(self.space.to_theta(z).reshape(shape + (self.task.dim_theta,)))
 
-    @abc.abstractmethod
+    @torch.no_grad()
     def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
         """Log density of ``theta (..., dim_theta)`` at release ``y``; ``-inf`` outside the prior's support."""
+        y = self._release(y)
+        theta, inside = self._check_theta(theta)
+        rows = theta.reshape(-1, self.task.dim_theta)
+        value = _in_chunks(lambda chunk: self._log_prob_rows(chunk, y), rows).reshape(theta.shape[:-1])
+        return torch.where(inside, value, -math.inf)
+
+    @abc.abstractmethod
+    def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
+        """``n`` draws ``(n, dim_unconstrained)`` in the unconstrained space at the checked release ``y (1, dim_s)``."""
+
+    @abc.abstractmethod
+    def _log_prob_rows(self, theta: Tensor, y: Tensor) -> Tensor:
+        """Log density ``(n,)`` of ``theta (n, dim_theta)`` on the flow's device at the checked release ``y``."""
+
+    def _finite(self, theta: Tensor) -> Tensor:
+        """``theta (..., dim_theta)`` unchanged, or a ``RuntimeError`` if any draw holds a NaN or inf."""
+        bad = ~torch.isfinite(theta).all(-1)
+        if bad.any():
+            raise RuntimeError(
+                f"{self.method} posterior of task {self.task.name!r}: {int(bad.sum())} of {bad.numel()} draws are NaN/inf "
+                "(a diverged or damaged flow); refusing to return them"
+            )
+        return theta
 
     def _release(self, y: Tensor | None) -> Tensor:
         """``y`` (default ``task.y_obs``) as a checked ``(1, dim_s)`` release on the flow's device."""
@@ -87,6 +127,7 @@ class Posterior(abc.ABC):
             "kind": self.kind,
             "method": self.method,
             "task": _task_spec(self.task),
+            "identity": identity(self.task),
             "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
             "flow": {"config": self.flow.config.to_dict(), "dim": self.flow.dim, "context_dim": self.flow.context_dim},
             "options": self.options(),
@@ -96,9 +137,9 @@ class Posterior(abc.ABC):
         return {}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the flow's ``state_dict`` and JSON metadata (no pickled objects) to ``path``."""
+        """Write the flow's ``state_dict`` and JSON metadata (no pickled objects) to ``path``, sealed with a checksum."""
         state = {k: v.detach().cpu() for k, v in self.flow.state_dict().items()}
-        atomic_save({"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state}, path)
+        save_sealed({"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state}, path)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, task={self.task.name!r}, device={self.device})"
@@ -133,22 +174,15 @@ class FlowPosterior(Posterior):
     def _is_y_obs(self, y: Tensor) -> bool:
         return self.task.y_obs is not None and torch.allclose(y.cpu(), self.task.y_obs.cpu().to(y.dtype))
 
-    @torch.no_grad()
-    def sample(self, sample_shape=(), y=None, generator=None, seed=None) -> Tensor:
-        y = self._release(y)
-        shape = torch.Size(sample_shape)
-        gen = self._noise_generator(generator, seed)
-        noise = torch.randn(shape.numel(), self.flow.dim, generator=gen, device=gen.device if gen else None)
-        z = self.flow.sample(noise.to(self.device), y)
-        return self.space.to_theta(z).reshape(shape + (self.task.dim_theta,))
+    def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
+        """All the base noise ``(n, dim)`` first, then mapped chunk by chunk: the chunking changes the draws by
+        float round-off at most (matrix products round differently with the number of rows), never the noise."""
+        noise = torch.randn(n, self.flow.dim, generator=generator, device=generator.device if generator else None)
+        return _in_chunks(lambda chunk: self.flow.sample(chunk.to(self.device), y), noise)
 
-    @torch.no_grad()
-    def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
-        y = self._release(y)
-        theta, inside = self._check_theta(theta)
+    def _log_prob_rows(self, theta: Tensor, y: Tensor) -> Tensor:
         z = self.space.to_z(theta)
-        value = self.flow.log_prob(z, y) - self.space.log_abs_det(z)
-        return torch.where(inside, value, -math.inf)
+        return self.flow.log_prob(z, y) - self.space.log_abs_det(z)
 
 
 class LikelihoodPosterior(Posterior):
@@ -169,29 +203,29 @@ class LikelihoodPosterior(Posterior):
         """Unnormalized log posterior in ``z``: ``log p_z(z) + log q(y | z)``, shape ``z.shape[:-1]``."""
         return self.space.log_prior_z(z) + self.flow.log_prob(y, z)
 
-    @torch.no_grad()
-    def sample(self, sample_shape=(), y=None, generator=None, seed=None) -> Tensor:
-        y = self._release(y)
-        shape = torch.Size(sample_shape)
-        run_seed = draw_seed(self._noise_generator(generator, seed))
+    def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
+        """Slice sampling from ``num_chains`` chains started among ``init_candidates`` prior draws."""
+        run_seed = draw_seed(generator)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(run_seed)
             candidates = self.space.to_z(self.task.prior.sample((self.mcmc.init_candidates,))).to(self.device)
         init_gen = torch.Generator(device=self.device).manual_seed(run_seed)
-        init = resample_init(candidates, self.log_density_z(candidates, y), self.mcmc.num_chains, init_gen)
+        log_density = _in_chunks(lambda chunk: self.log_density_z(chunk, y), candidates)
+        init = resample_init(candidates, log_density, self.mcmc.num_chains, init_gen)
         width = candidates.std(0)  # the prior's spread: wider than the posterior's, as the sampler likes it
-        z = slice_sample(lambda v: self.log_density_z(v, y), init, shape.numel(), self.mcmc, run_seed, width, self.progress)
-        return self.space.to_theta(z).reshape(shape + (self.task.dim_theta,))
+        return slice_sample(lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress)
 
-    @torch.no_grad()
-    def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
-        y = self._release(y)
-        theta, inside = self._check_theta(theta)
-        value = self.task.prior.log_prob(theta.to(self.space.device)).to(self.device) + self.flow.log_prob(y, self.space.to_z(theta))
-        return torch.where(inside, value, -math.inf)
+    def _log_prob_rows(self, theta: Tensor, y: Tensor) -> Tensor:
+        return self.task.prior.log_prob(theta.to(self.space.device)).to(self.device) + self.flow.log_prob(y, self.space.to_z(theta))
 
 
 _KINDS = {cls.kind: cls for cls in (FlowPosterior, LikelihoodPosterior)}
+
+
+def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor) -> Tensor:
+    """``fn`` applied to ``rows (n, ...)`` in chunks of at most :data:`CHUNK_ROWS` rows, the results
+    ``(chunk, ...)`` concatenated to ``(n, ...)``."""
+    return torch.cat([fn(chunk) for chunk in rows.split(CHUNK_ROWS)])
 
 
 def _jsonable(value):
@@ -214,36 +248,81 @@ def _task_spec(task: Task) -> dict | None:
 
 def _read(path: str | os.PathLike, device: torch.device) -> tuple[dict, dict]:
     """Metadata and state_dict of a posterior file, or a ``ValueError`` saying why it is refused."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no posterior file at {path}")
     try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:  # corrupted, truncated, or a pickle of arbitrary objects
-        raise ValueError(f"{path} is not a readable dpsbi posterior file ({type(error).__name__}: {error})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        payload = load_sealed(path, WHAT, map_location=device)
+    except CorruptFileError:
+        version = _unsealed_version(path, device)
+        if version is not None:  # files before version 2 carry no checksum: say so rather than "corrupt"
+            _check_version(path, version)
+        raise
+    if payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a dpsbi posterior file (no {FORMAT!r} marker); refusing to load it")
-    if payload.get("version") != VERSION:
-        raise ValueError(f"{path} has posterior format version {payload.get('version')!r}; this dpsbi reads version {VERSION}")
+    _check_version(path, payload.get("version"))
     try:
         meta = json.loads(payload["meta"])
         state = dict(payload["state_dict"])
         if meta["kind"] not in _KINDS:
             raise ValueError(f"unknown posterior kind {meta['kind']!r}")
+        if not isinstance(meta["identity"], dict):
+            raise ValueError("no task identity recorded")
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{path} is a damaged dpsbi posterior file ({error})") from None
+    _check_finite(path, state)
     return meta, state
+
+
+def _unsealed_version(path: str | os.PathLike, device: torch.device) -> object:
+    """The format version recorded in a posterior file that has no valid checksum, or ``None`` if it cannot
+    be read or is not a posterior file."""
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except Exception:  # unreadable: load_sealed's message says why
+        return None
+    return payload.get("version") if isinstance(payload, dict) and payload.get("format") == FORMAT else None
+
+
+def _check_version(path: str | os.PathLike, version: object) -> None:
+    """Refuse a posterior file of another format ``version`` than :data:`VERSION`."""
+    if version != VERSION:
+        raise ValueError(
+            f"{path} has posterior format version {version!r}; this dpsbi reads version {VERSION} only "
+            "(sealed with a checksum and the task's identity): train and save the posterior again"
+        )
+
+
+def _check_finite(path: str | os.PathLike, state: dict) -> None:
+    """Refuse a state_dict with a NaN or inf in any floating-point tensor, naming the tensor."""
+    for name, value in state.items():
+        if torch.is_tensor(value) and value.is_floating_point():
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                raise ValueError(f"{path}: stored tensor {name!r} holds {bad} NaN/inf values (a diverged flow); refusing it")
+
+
+def _check_identity(path: str | os.PathLike, stored: dict, task: Task, which: str) -> None:
+    """Refuse ``task`` if its model differs from the one the posterior at ``path`` was trained for (``stored``)."""
+    found = differences(stored, identity(task))
+    if found:
+        raise ValueError(
+            f"{path} was trained for another model than {which}; refusing it. Differences (stored vs now): " + "; ".join(found)
+        )
 
 
 def load_posterior(path: str | os.PathLike, device: torch.device | str | None = None, task: Task | None = None) -> Posterior:
     """Rebuild a posterior written by ``Posterior.save``, with its flow on ``device`` (default: torch's
-    default device). Only tensors and plain containers are read (``weights_only=True``); the task is
-    rebuilt from its recorded name and arguments unless ``task`` is given."""
+    default device). Only tensors and plain containers are read (``weights_only=True``), and only from an
+    intact file (checksum). The task is rebuilt from its recorded name and arguments unless ``task`` is
+    given; either way its model must match the one recorded in the file, or a ``ValueError`` names every
+    differing field."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     meta, state = _read(path, device)
+    which = "the given task"
     if task is None:
         if meta["task"] is None:
             raise ValueError(f"{path} does not record how to build its task (not made by dpsbi.tasks.load); pass task=")
         task = tasks.load(meta["task"]["name"], **meta["task"]["kwargs"])
+        which = "the task as dpsbi.tasks.load builds it now"
+    _check_identity(path, meta["identity"], task, which)
     if meta["y_obs"] is not None:
         task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
     spec = meta["flow"]
