@@ -151,3 +151,36 @@ def test_the_atomic_loss_keeps_its_atoms_in_the_last_batch():
     data = torch.utils.data.TensorDataset(theta, s, task.prior.log_prob(theta))
     losses = [float(sppe_loss(flow, z, ss, task.mechanism, 2, True, None, atoms=10, log_prior=lp)) for z, ss, lp in _loader(data, 50)]
     assert len(losses) == 2 and min(losses) > 0.5
+
+
+# ---- simulations made elsewhere -------------------------------------------------------------------------
+def _external(theta, seed):
+    """The conjugate toy's summaries, simulated 'elsewhere' (numpy, float64)."""
+    return theta.double().numpy() + np.random.default_rng(seed).normal(size=tuple(theta.shape))
+
+
+def test_appended_simulations_train_a_task_without_a_simulator(tmp_path):
+    task = dataclasses.replace(_task(), simulator=None)
+    estimator = dpsbi.SPPE(task, rounds=2, atoms=3, checkpoint_dir=tmp_path, **TINY)
+    for r in range(2):
+        theta = estimator.propose(60, seed=r)
+        estimator.append_simulations(theta, _external(theta, r))
+        estimator.rounds = r + 1
+        posterior = estimator.run()
+    assert estimator.num_simulations == 120 and len(estimator.history) == 2
+    assert torch.isfinite(posterior.sample((10,), seed=0)).all()
+    rerun = dpsbi.SPPE(task, rounds=2, atoms=3, checkpoint_dir=tmp_path, **TINY).append_simulations(theta, _external(theta, 1))
+    rerun.run()  # the same script run again: the checkpoint already holds these simulations
+    assert rerun.num_simulations == 120 and len(rerun.history) == 2
+
+
+def test_a_task_without_a_simulator_needs_appended_simulations():
+    with pytest.raises(ValueError, match="has no simulator"):
+        dpsbi.SPPE(dataclasses.replace(_task(), simulator=None), rounds=1, **TINY).run()
+
+
+@pytest.mark.parametrize("s, match", [(np.zeros((60, 3)), r"shape \(60, 3\)"), (np.full((60, 2), np.nan), "NaN")])
+def test_bad_appended_summaries_are_refused(s, match):
+    task = _task()
+    with pytest.raises(RuntimeError, match=match):
+        dpsbi.SPPE(task, rounds=1, **TINY).append_simulations(task.prior.sample((60,)), s)

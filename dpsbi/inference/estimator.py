@@ -108,6 +108,8 @@ class SequentialEstimator(abc.ABC):
         self.history: list[dict] = []
         #: ``{"theta", "s"}`` of :data:`PROBE_ROWS` stored rows re-simulated with the probe seed (in checkpoints).
         self.probe: dict[str, Tensor] | None = None
+        #: ``(theta, s)`` handed in by :meth:`append_simulations` for the next round.
+        self.pending: tuple[Tensor, Tensor] | None = None
 
     # ---- what subclasses define ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -143,7 +145,8 @@ class SequentialEstimator(abc.ABC):
             return self._run()
 
     def _run(self) -> Posterior:
-        start = self._resume()
+        start = len(self.history) or self._resume()
+        self._drop_pending_if_stored()
         posterior = self.posterior(start - 1) if start else None
         for r in trange(start, self.rounds, desc=f"{self.method} rounds", disable=not self.progress or start >= self.rounds):
             began = time.perf_counter()
@@ -159,8 +162,45 @@ class SequentialEstimator(abc.ABC):
                 self.on_round_end(r, posterior, self.num_simulations)
         return posterior
 
+    def append_simulations(self, theta: Tensor, s) -> "SequentialEstimator":
+        """Hand the next round parameters ``theta (n, dim_theta)`` and their confidential summaries ``s (n,
+        dim_s)`` (tensor or numpy array) simulated outside dpsbi (another program, a cluster job), used in
+        place of ``task.simulate``. ``theta`` must be draws from that round's proposal, :meth:`propose`: the
+        prior for the first round, the current posterior at ``task.y_obs`` after. Returns ``self``, so that
+        ``SPPE(task, rounds=1).append_simulations(theta, s).run()`` reads as in sbi. Rerunning a script
+        against a checkpoint that already holds these simulations does not add them twice."""
+        theta = self.task.check_theta(theta)
+        self.pending = (theta, self.task.check_summary(theta, s, "appended summaries have"))
+        return self
+
+    def propose(self, n: int, seed: int = 0) -> Tensor:
+        """``n`` parameters ``(n, dim_theta)`` from the next round's proposal (prior, or the posterior at
+        ``task.y_obs`` after a finished round), to simulate elsewhere and hand to :meth:`append_simulations`."""
+        finished = self._resume() if not self.history else len(self.history)
+        if not finished:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return self.task.prior.sample((n,))
+        return self.posterior(finished - 1).sample((n,), seed=seed).to(self.space.device)
+
     def _simulate(self, r: int, posterior: Posterior | None) -> None:
-        """Draw this round's parameters, simulate their summaries, pick the validation rows, store them."""
+        """This round's parameters and summaries (appended ones, or drawn from the proposal and simulated),
+        with their validation rows, added to the stored simulations."""
+        if self.pending is not None:
+            (theta, s), self.pending = self.pending, None
+            generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, r, "validation"))
+        else:
+            theta, s, generator = self._draw_and_simulate(r, posterior)
+        n = theta.shape[0]
+        validation = torch.zeros(n, dtype=torch.bool, device=theta.device)
+        validation[torch.randperm(n, generator=generator, device=theta.device)[: max(1, round(self.validation_fraction * n))]] = True
+        new = {"theta": theta, "s": s, "round": torch.full((n,), r, device=theta.device), "validation": validation}
+        self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
+
+    def _draw_and_simulate(self, r: int, posterior: Posterior | None) -> tuple[Tensor, Tensor, torch.Generator]:
+        """``sims_per_round`` parameters from the prior (no ``posterior`` yet) or the posterior at ``y_obs``, their
+        simulated summaries, and the simulation's generator (it goes on to pick the validation rows), all
+        seeded by ``(seed, r)``."""
         n = self.sims_per_round
         if posterior is None:
             with torch.random.fork_rng(devices=[]):
@@ -169,11 +209,18 @@ class SequentialEstimator(abc.ABC):
         else:
             theta = posterior.sample((n,), seed=derive_seed(self.seed, r, "propose")).to(self.space.device)
         generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, r, "simulate"))
-        s = self.task.simulate(theta, generator)
-        validation = torch.zeros(n, dtype=torch.bool, device=theta.device)
-        validation[torch.randperm(n, generator=generator, device=theta.device)[: max(1, round(self.validation_fraction * n))]] = True
-        new = {"theta": theta, "s": s, "round": torch.full((n,), r, device=theta.device), "validation": validation}
-        self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
+        return theta, self.task.simulate(theta, generator), generator
+
+    def _drop_pending_if_stored(self) -> None:
+        """Forget appended simulations that a resumed checkpoint already holds (a rerun of the same script)."""
+        if self.pending is None or not self.data:
+            return
+        theta = self.pending[0].to(self.data["theta"])
+        for r in self.data["round"].unique().tolist():
+            stored = self.data["theta"][self.data["round"] == r]
+            if stored.shape == theta.shape and torch.equal(stored, theta):
+                self.pending = None
+                return
 
     def _build_flow(self) -> ConditionalFlow:
         with torch.random.fork_rng(devices=[]):
@@ -215,9 +262,9 @@ class SequentialEstimator(abc.ABC):
         if self.checkpoint_path is None:
             return
         self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.probe is None:
+        if self.probe is None:  # empty for a task without a simulator (all simulations appended)
             theta = self.data["theta"][:PROBE_ROWS]
-            self.probe = {"theta": theta.cpu(), "s": self._probe(theta).cpu()}
+            self.probe = {"theta": theta.cpu(), "s": self._probe(theta).cpu()} if self.task.simulator is not None else {}
         payload = {
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
@@ -251,8 +298,9 @@ class SequentialEstimator(abc.ABC):
                 f"{path} holds {len(history)} finished rounds, more than rounds={self.rounds}; "
                 f"ask for rounds >= {len(history)} or use another checkpoint_dir"
             )
-        self._check_simulator(payload["probe"]["theta"], payload["probe"]["s"])
         self.probe = payload["probe"]
+        if self.probe and self.task.simulator is not None:
+            self._check_simulator(self.probe["theta"], self.probe["s"])
         self.data, self.history = payload["data"], history
         self.flow = ConditionalFlow.blank(self.flow_config, *payload["flow_shape"])
         self.flow.load_state_dict(payload["flow"])

@@ -21,14 +21,15 @@ class Task:
 
     ``simulator(theta, generator)`` maps parameters ``(n, dim_theta)`` to confidential summaries
     ``(n, dim_s)`` (a torch tensor or numpy array of any numeric dtype; :meth:`simulate` converts it to
-    torch's default float dtype on ``theta``'s device); the curator's release is ``mechanism.sample(s)``.
+    torch's default float dtype on ``theta``'s device; ``None`` when every simulation comes from elsewhere,
+    see ``SequentialEstimator.append_simulations``); the curator's release is ``mechanism.sample(s)``.
     ``transform`` maps the unconstrained space ``R^dim_unconstrained`` onto the prior's support (flows work
     there). The release and true parameter are checked at construction (:meth:`validate`).
     """
 
     name: str
     prior: Distribution
-    simulator: Simulator
+    simulator: Simulator | None
     mechanism: Mechanism
     epsilon: float
     y_obs: Tensor | None = None
@@ -77,17 +78,23 @@ class Task:
 
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Confidential summaries ``(n, mechanism.input_dim)`` (usually ``dim_s``) for parameters ``(n, dim_theta)``; errors on NaN or bad shapes."""
+        if self.simulator is None:
+            raise ValueError(f"task {self.name!r} has no simulator: hand the estimator simulations made elsewhere (append_simulations)")
         theta = self.check_theta(theta)
-        s = as_summary(self.simulator(theta, generator), theta.device)
+        return self.check_summary(theta, self.simulator(theta, generator), "simulator returned")
+
+    def check_summary(self, theta: Tensor, s, source: str = "summaries") -> Tensor:
+        """Confidential summaries ``s`` of parameters ``theta (n, dim_theta)`` (any numeric tensor or numpy
+        array) as ``(n, mechanism.input_dim)`` in torch's default float dtype, or an error naming ``source``
+        and the problem (shape, NaN/inf)."""
+        s = as_summary(s, theta.device)
         expected = (theta.shape[0], self.mechanism.input_dim)
         if s.shape != expected:
-            raise RuntimeError(f"task {self.name!r}: simulator returned shape {tuple(s.shape)}, expected {expected}")
+            raise RuntimeError(f"task {self.name!r}: {source} shape {tuple(s.shape)}, expected {expected}")
         bad = ~torch.isfinite(s).all(-1)
         if bad.any():
             rows = bad.nonzero().flatten()[:5].tolist()
-            raise RuntimeError(
-                f"task {self.name!r}: simulator returned NaN/inf for theta rows {rows}, e.g. theta={theta[rows[0]].tolist()}"
-            )
+            raise RuntimeError(f"task {self.name!r}: {source} NaN/inf for theta rows {rows}, e.g. theta={theta[rows[0]].tolist()}")
         return s
 
     def release(self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
