@@ -15,12 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Importing the experiment config also registers its ${dpsbi_run_id:} resolver, which sweep jobs run in other
+# processes (joblib, Slurm) need before Hydra resolves their directory.
+from .experiment.config import ConfigError, config_dir
+
 
 def run() -> None:
     """``dpsbi-run``: Hydra app over ``configs/config.yaml`` (or ``$DPSBI_CONFIG_DIR``)."""
     import hydra
-
-    from .experiment.config import ConfigError, config_dir
 
     try:
         path = config_dir()
@@ -29,24 +31,42 @@ def run() -> None:
     hydra.main(version_base="1.3", config_path=str(path), config_name="config")(_job)()
 
 
+def _hydra_records(cfg, hydra_config) -> dict[str, str]:
+    """What Hydra writes into ``.hydra/`` (configs/config.yaml sets ``hydra.output_subdir: null``): the runner
+    writes it once it holds the run directory, so that a run refused there leaves the directory untouched."""
+    from omegaconf import OmegaConf
+
+    return {
+        ".hydra/config.yaml": OmegaConf.to_yaml(cfg),
+        ".hydra/hydra.yaml": OmegaConf.to_yaml({"hydra": hydra_config}),
+        ".hydra/overrides.yaml": OmegaConf.to_yaml(hydra_config.overrides.task),
+    }
+
+
 def _job(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from .experiment import ConfigError, run_experiment
+    from .experiment import run_experiment
     from .experiment.comparison import ERROR_FILE
+    from .files import BusyError
 
     hydra_config = HydraConfig.get()
+    output_dir = Path(hydra_config.runtime.output_dir)
     try:
-        run_experiment(cfg, hydra_config.runtime.output_dir)
+        run_experiment(cfg, output_dir, records=_hydra_records(cfg, hydra_config))
+    except BusyError as error:  # another process writes this directory: touch nothing there
+        raise SystemExit(f"dpsbi-run: {error}") from None
     except ConfigError as error:  # a bad value: one line, no traceback
         message = f"dpsbi-run: config error: {error}"
         if hydra_config.mode != RunMode.MULTIRUN:
             raise SystemExit(message) from None
         # In a sweep, one bad combination (say mhaar on a task without records) must not stop the others:
         # the job leaves error.txt, and the sweep-end comparison lists it and exits non-zero.
-        Path(hydra_config.runtime.output_dir, ERROR_FILE).write_text(message + "\n")
+        (output_dir / ERROR_FILE).write_text(message + "\n")
         print(message, file=sys.stderr)
+    else:  # a sweep rerun after a refusal: the point is no longer failed
+        (output_dir / ERROR_FILE).unlink(missing_ok=True)
 
 
 def read_release(text: str | None = None, path: str | Path | None = None) -> torch.Tensor | None:

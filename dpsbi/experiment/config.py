@@ -1,8 +1,10 @@
-"""Where the Hydra configs live, and the checks that turn a composed config into a runnable plan."""
+"""Where the Hydra configs live, the checks that turn a composed config into a runnable plan, and the
+``dpsbi_run_id`` resolver of ``configs/config.yaml`` (registered when this module is imported)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +20,22 @@ from .methods import Method
 CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
 METRICS = ("c2st", "mmd", "nlog", "lmd")
 TRAINER_KEYS = ("accelerator", "devices", "precision", "threads")
+#: OmegaConf resolver ``${dpsbi_run_id:}``: a random token, the same throughout one composed config (cached),
+#: that makes the default run and sweep directories of runs started in the same second differ.
+RUN_ID_RESOLVER = "dpsbi_run_id"
 
 
 class ConfigError(ValueError):
     """A config value that cannot run, found before any simulation."""
+
+
+def run_id() -> str:
+    """A short random token: 6 hex digits."""
+    return secrets.token_hex(3)
+
+
+if not OmegaConf.has_resolver(RUN_ID_RESOLVER):
+    OmegaConf.register_new_resolver(RUN_ID_RESOLVER, run_id, use_cache=True)
 
 
 def config_dir() -> Path:
@@ -113,8 +127,17 @@ def _check_evaluation(cfg: DictConfig) -> None:
         raise ConfigError(f"reference.num_samples must be >= 10, got {cfg.reference.num_samples}")
 
 
+def _check_settings(method: Method, task: Task, settings: dict, trainer: dict, seed: int) -> None:
+    """Raise :class:`ConfigError` naming ``method`` and the problem when it cannot take ``settings``."""
+    try:
+        methods.check_settings(method, task, settings, trainer, seed)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"method {method.name!r}: {error}") from None
+
+
 def plan(cfg: DictConfig) -> Plan:
-    """Check a composed config and build its task and methods; raises :class:`ConfigError` naming the problem."""
+    """Check a composed config and build its task and methods, validating every method's settings; raises
+    :class:`ConfigError` naming the problem, before any simulation."""
     _check_evaluation(cfg)
     trainer, threads = _trainer(cfg)
     unknown = set(_container(cfg.get("method_settings", {}))) - set(methods.METHODS)
@@ -135,5 +158,7 @@ def plan(cfg: DictConfig) -> Plan:
             method.check(task)
         except ValueError as error:
             raise ConfigError(f"method {method.name!r} cannot run on task {task.name!r}: {error}") from None
-        chosen.append((method, method_settings(cfg, method.name, config)))
+        settings = method_settings(cfg, method.name, config)
+        _check_settings(method, task, settings, trainer, int(cfg.seed))
+        chosen.append((method, settings))
     return Plan(task, task_config, chosen, trainer, threads)

@@ -8,6 +8,7 @@ can be sampled at other releases, or a classical baseline's result).
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -149,6 +150,34 @@ def baseline_draws(result, num_samples: int, generator: torch.Generator | None =
     return samples[index[:num_samples].to(samples.device)]
 
 
+def _estimator(method: Method, task: Task, settings: dict, trainer: dict, *, seed: int, checkpoint_dir: str | None, progress: bool, on_round_end=None):
+    """The (not yet run) estimator of neural ``method`` with keyword ``settings`` and Lightning ``trainer`` keywords."""
+    return method.load()(
+        task, **settings, **trainer, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=on_round_end
+    )
+
+
+def _baseline_arguments(method: Method, settings: dict, seed: int, progress: bool) -> dict:
+    """Keywords of a baseline's call: its ``settings``, its seed (an int or a seeded ``torch.Generator``) and ``progress``."""
+    seed_value = torch.Generator().manual_seed(seed) if method.seed_argument == "generator" else seed
+    return {**settings, method.seed_argument: seed_value, "progress": progress}
+
+
+def check_settings(method: Method, task: Task, settings: dict, trainer: dict, seed: int) -> None:
+    """Raise ``ValueError`` or ``TypeError`` naming the problem when ``method`` cannot take ``settings``,
+    without simulating anything: a neural estimator is constructed (it validates every setting), a
+    baseline's keywords are bound to its signature (unknown or missing keywords)."""
+    if method.neural:
+        _estimator(method, task, settings, trainer, seed=seed, checkpoint_dir=None, progress=False)
+        return
+    signature = inspect.signature(method.load())
+    try:
+        signature.bind(task, **_baseline_arguments(method, settings, seed, False))
+    except TypeError as error:
+        taken = [name for name in list(signature.parameters)[1:] if name not in (method.seed_argument, "progress")]
+        raise TypeError(f"{error}; it takes {', '.join(taken)}") from None
+
+
 def fit(
     method: Method,
     task: Task,
@@ -162,20 +191,15 @@ def fit(
     on_round: RoundCallback,
 ) -> Any:
     """Fit ``method`` on ``task`` with keyword ``settings`` (its config); ``on_round`` receives every round's
-    ``num_samples`` draws at ``task.y_obs``, rounds counted from 1. Returns the final state (posterior or
-    baseline result)."""
-    fn = method.load()
+    ``num_samples`` draws at ``task.y_obs``, rounds counted from 1 (a neural estimator resumed from
+    ``checkpoint_dir`` reports only the rounds it trains). Returns the final state (posterior or baseline result)."""
     if method.neural:
 
         def round_end(index: int, posterior, num_simulations: int) -> None:  # estimators count rounds from 0
             on_round(index + 1, posterior.sample((num_samples,), seed=seed), num_simulations, posterior)
 
-        return fn(
-            task, **settings, **trainer, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=round_end
-        ).run()
-    generator = torch.Generator().manual_seed(seed)
-    seed_value = torch.Generator().manual_seed(seed) if method.seed_argument == "generator" else seed
-    result = fn(task, **settings, **{method.seed_argument: seed_value}, progress=progress)
-    draws = (method.draws or baseline_draws)(result, num_samples, generator)
+        return _estimator(method, task, settings, trainer, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=round_end).run()
+    result = method.load()(task, **_baseline_arguments(method, settings, seed, progress))
+    draws = (method.draws or baseline_draws)(result, num_samples, torch.Generator().manual_seed(seed))
     on_round(1, draws, result.num_simulations, result)
     return result

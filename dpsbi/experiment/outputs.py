@@ -1,4 +1,5 @@
-"""Files of a run: draws as CSV, metric rows as CSV and JSON, and the summary table."""
+"""Files of a run: draws as CSV, metric rows as CSV and JSON, and the summary table. Every file is written
+atomically (:func:`dpsbi.files.atomic_write`): a killed run leaves the old version or the new one."""
 
 from __future__ import annotations
 
@@ -11,17 +12,23 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from ..files import atomic_write, atomic_write_text
+
 #: Columns of the summary table, in order (missing ones are left out).
 SUMMARY_COLUMNS = ("task", "epsilon", "reference", "method", "round", "num_simulations", "wall_time", "c2st", "mmd", "nlog", "lmd")
 
 
 def write_draws(path: Path, draws: Tensor, names: Sequence[str]) -> None:
     """Write ``draws (n, d)`` as CSV with a header of parameter ``names``."""
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(names)
+            writer.writerows(draws.detach().cpu().double().tolist())
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(names)
-        writer.writerows(draws.detach().cpu().double().tolist())
+    atomic_write(path, write)
 
 
 def read_draws(path: Path) -> tuple[Tensor, list[str]]:
@@ -33,18 +40,33 @@ def read_draws(path: Path) -> tuple[Tensor, list[str]]:
 
 def write_rows(stem: Path, rows: list[dict]) -> None:
     """Write metric ``rows`` to ``stem.csv`` and ``stem.json`` (columns: the union of the rows' keys)."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with stem.with_suffix(".csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2, default=_jsonable))
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, columns)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(stem.with_suffix(".csv"), write)
+    write_json(stem.with_suffix(".json"), rows)
+
+
+def write_json(path: Path, value) -> None:
+    """Write ``value`` (dicts, lists, numbers, strings; tensors as lists) as indented JSON to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(value, indent=2, default=_jsonable))
+
+
+def read_json(path: Path):
+    """The value of a JSON file written by :func:`write_json`."""
+    return json.loads(Path(path).read_text())
 
 
 def read_rows(path: Path) -> list[dict]:
     """Rows written by :func:`write_rows` (from the ``.json`` file)."""
-    return json.loads(Path(path).with_suffix(".json").read_text())
+    return read_json(Path(path).with_suffix(".json"))
 
 
 def _jsonable(value):

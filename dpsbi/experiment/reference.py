@@ -9,16 +9,19 @@ approximate with its effective sample size. Data that are not a release of the m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
 from torch.distributions import Categorical, Distribution, MixtureSameFamily, MultivariateNormal, TransformedDistribution
 
+from ..files import CorruptFileError, atomic_write_text, exclusive, load_sealed, save_sealed
 from ..tasks import Task
 from .methods import baseline_draws
 
@@ -116,6 +119,62 @@ def _cache_path(cache_dir: Path, task: Task, task_config: dict, key: dict) -> Pa
     return cache_dir / task.name / f"eps{epsilon}" / f"{digest}.pt"
 
 
+def _sampled(task: Task, method: str, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference:
+    """A simulated reference: exact rejection ABC (``auto`` when it fits, ``rejection``), else importance sampling."""
+    reference = _rejection(task, num_samples, settings, seed, progress) if method in ("auto", "rejection") else None
+    if reference is None and method == "rejection":
+        raise ValueError(f"exact rejection ABC at this release needs more than reference.max_simulations={settings['max_simulations']}")
+    if reference is None:
+        reference = _importance(task, num_samples, settings, seed, progress)
+    return reference
+
+
+def _load(path: Path) -> Reference | None:
+    """The reference cached at ``path``; ``None`` when there is none, or when the file is damaged (with a
+    warning naming it: the caller recomputes and replaces it)."""
+    try:
+        stored = load_sealed(path, "reference cache entry", map_location="cpu")
+    except FileNotFoundError:
+        return None
+    except CorruptFileError as error:
+        warnings.warn(f"{error}; recomputing and replacing it", stacklevel=3)
+        return None
+    return Reference(stored["samples"], **json.loads(stored["provenance"]))
+
+
+def _store(path: Path, key: dict, reference: Reference) -> None:
+    """Cache ``reference`` at ``path`` (sealed: checksummed, written atomically) with its readable key and
+    provenance in ``path.json``."""
+    save_sealed({"samples": reference.samples.cpu(), "provenance": json.dumps(reference.describe())}, path)
+    atomic_write_text(path.with_suffix(".json"), json.dumps({**key, **reference.describe()}, indent=2, default=str))
+
+
+def _os_error(action: Callable[[], object]) -> OSError | None:
+    """Run ``action``; the ``OSError`` it raised (say, a read-only cache directory), else ``None``."""
+    try:
+        action()
+    except OSError as error:
+        return error
+    return None
+
+
+def _cached(path: Path, key: dict, compute: Callable[[], Reference]) -> Reference:
+    """The reference cached at ``path``, else ``compute()`` stored there. The entry's lock is held from the
+    check to the write, so concurrent runs sharing the cache compute it once (the others wait, then load it).
+    A damaged entry is recomputed and replaced; a cache that cannot be written (no lock, no write) gives the
+    computed reference with a warning naming its directory."""
+    with contextlib.ExitStack() as stack:
+        problem = _os_error(lambda: stack.enter_context(exclusive(path.with_suffix(".lock"), f"reference cache entry {path}")))
+        stored = _load(path)
+        if stored is not None:
+            return stored
+        reference = compute()
+        problem = problem or _os_error(lambda: _store(path, key, reference))
+        if problem is not None:
+            warnings.warn(f"reference cache {path.parent} is not writable ({problem}); this reference was not cached", stacklevel=3)
+        return reference
+
+
 def reference_posterior(
     task: Task,
     task_config: dict,
@@ -130,7 +189,8 @@ def reference_posterior(
 
     Sampled references are cached under ``cache_dir/<task>/eps<epsilon>/<hash>.pt``, the hash covering the
     task config, the release, ``method``, ``num_samples``, ``seed`` and ``settings`` (``pilot_simulations``,
-    ``max_simulations``, ``importance_particles``, ``importance_draws``); a later call with the same key loads them.
+    ``max_simulations``, ``importance_particles``, ``importance_draws``); a later call with the same key loads
+    them, a concurrent one waits for them (see :func:`_cached` for damaged entries and unwritable caches).
     """
     if method not in KINDS:
         raise ValueError(f"reference.method must be one of {KINDS}, got {method!r}")
@@ -142,18 +202,12 @@ def reference_posterior(
     if method == "closed_form":
         raise ValueError(f"task {task.name!r} has no closed-form posterior; use reference.method=auto")
     task.require_mechanism_release(f"reference.method={method}")
+
+    def compute() -> Reference:
+        return _sampled(task, method, num_samples, settings, seed, progress)
+
+    if not cache_dir:
+        return compute()
     key = {"y_obs": [round(v, 12) for v in task.y_obs.reshape(-1).tolist()], "method": method, "num_samples": num_samples, "seed": seed, **settings}
-    path = _cache_path(Path(cache_dir).expanduser(), task, task_config, key) if cache_dir else None
-    if path is not None and path.is_file():
-        stored = torch.load(path, map_location="cpu", weights_only=True)
-        return Reference(stored["samples"], **json.loads(stored["provenance"]))
-    reference = _rejection(task, num_samples, settings, seed, progress) if method in ("auto", "rejection") else None
-    if reference is None and method == "rejection":
-        raise ValueError(f"exact rejection ABC at this release needs more than reference.max_simulations={settings['max_simulations']}")
-    if reference is None:
-        reference = _importance(task, num_samples, settings, seed, progress)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"samples": reference.samples.cpu(), "provenance": json.dumps(reference.describe())}, path)
-        path.with_suffix(".json").write_text(json.dumps({**key, "task": task_config, **reference.describe()}, indent=2, default=str))
-    return reference
+    path = _cache_path(Path(cache_dir).expanduser(), task, task_config, key)
+    return _cached(path, {**key, "task": task_config}, compute)

@@ -3,38 +3,57 @@ reference posterior, and write the run's files.
 
 Layout of ``output_dir``::
 
+    .lock                       held while a process writes the directory (a second one is refused)
     config.yaml                 the resolved config
     reference.csv, .json        reference draws and how they were made
     <method>/rounds/round_XX.pt checkpoint per round (a neural posterior, or a baseline's result)
     <method>/samples_round_XX.csv, samples.csv   posterior draws per round, and the final ones
+    <method>/rounds.json        the method's metric rows so far (rewritten after every round)
+    <method>/checkpoints/       the estimator's resumable state (neural); scored.pt: that of the last round in rounds.json
     <method>/posterior.pt       the final neural posterior (dpsbi-sample loads it); result.pt for baselines
+    <method>/complete           written last: the method is done
     metrics.csv, .json          one row per method and round: simulations, wall time, metrics
-    summary.json                the final row of each method
+    summary.json                the final row of each method; written last: the run is finished
     pairplot.png, metrics.png   posterior vs reference vs truth; metrics against simulations
+
+Rerunning into the same directory with the same config (up to :data:`IGNORED_KEYS`) prints a finished run's
+summary, and resumes a killed one: complete methods are read back, the others continue from their last
+scored round, so the result is that of an uninterrupted run.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from .. import metrics
+from ..files import BusyError, atomic_save, atomic_write, atomic_write_text, exclusive
+from ..inference import load_posterior
 from ..tasks import Task
 from . import config, methods
-from .outputs import format_table, write_draws, write_rows
+from .outputs import format_table, read_draws, read_json, read_rows, write_draws, write_json, write_rows
 from .plots import metrics_plot, pair_plot
 from .reference import Reference, reference_posterior
 
 log = logging.getLogger("dpsbi")
+
+#: Config keys (dotted) that cannot change a run's results: a run may be rerun or resumed with other values.
+IGNORED_KEYS = ("progress", "plots", "reference.cache_dir")
+ROWS = "rounds.json"
+COMPLETE = "complete"
+#: The estimator's checkpoint in its ``checkpoint_dir`` (SequentialEstimator), and the runner's copy of it
+#: as of the last round whose row is in ``rounds.json``.
+CHECKPOINT, SCORED_CHECKPOINT = "checkpoint.pt", "scored.pt"
 
 
 @dataclass
@@ -75,72 +94,176 @@ def save_state(state: Any, path: Path) -> None:
     if hasattr(state, "save"):
         state.save(path)
     else:
-        torch.save(asdict(state) if is_dataclass(state) else state, path)
+        atomic_save(asdict(state) if is_dataclass(state) else state, path)
+
+
+def _copy(source: Path, target: Path) -> None:
+    """Copy the file ``source`` onto ``target`` atomically."""
+    atomic_write(target, lambda tmp: shutil.copyfile(source, tmp))
+
+
+def _restore_scored_checkpoint(checkpoints: Path) -> None:
+    """Make the estimator resume from the last scored round (or from scratch): a round it trained but whose
+    row was not written before a kill is trained again, so that it gets its row."""
+    if (checkpoints / SCORED_CHECKPOINT).is_file():
+        _copy(checkpoints / SCORED_CHECKPOINT, checkpoints / CHECKPOINT)
+    else:
+        (checkpoints / CHECKPOINT).unlink(missing_ok=True)
 
 
 def _fit_and_score(method: methods.Method, settings: dict, plan: config.Plan, cfg: DictConfig, directory: Path, score: Scorer):
-    """Fit one method, writing a checkpoint, draws and a metric row per round. Returns the rows, the final
-    draws and the final state."""
-    task, rows, last = plan.task, [], {}
-    names = task.parameter_names
+    """Fit one method, writing a checkpoint, draws and a metric row per round, resuming after the rows in
+    ``rounds.json``. Returns all its rows, the final draws ``(n, dim_theta)`` and the final state."""
+    task, names, checkpoints = plan.task, plan.task.parameter_names, directory / "checkpoints"
+    rows = read_rows(directory / ROWS) if (directory / ROWS).is_file() else []
+    if method.neural:
+        _restore_scored_checkpoint(checkpoints)
     start, scoring = time.perf_counter(), 0.0
 
     def on_round(index: int, draws: Tensor, num_simulations: int, state: Any) -> None:
-        nonlocal scoring
-        elapsed, tic = time.perf_counter() - start - scoring, time.perf_counter()
+        nonlocal rows, scoring
+        tic = time.perf_counter()
+        earlier = [row for row in rows if row["round"] < index]  # a round reported again replaces its row
+        elapsed = (earlier[-1]["wall_time"] if earlier else 0.0) + tic - start - scoring
         save_state(state, directory / "rounds" / f"round_{index:02d}.pt")
         write_draws(directory / f"samples_round_{index:02d}.csv", draws, names)
         row = {"task": task.name, "epsilon": task.epsilon, "method": method.name, "round": index,
                "num_simulations": int(num_simulations), "wall_time": elapsed, **score(draws)}
         log.info("%s round %d: %s", method.name, index, ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("task", "method", "round")))
-        rows.append(row)
-        last["draws"] = draws
+        rows = earlier + [row]
+        write_json(directory / ROWS, rows)
+        if method.neural:
+            _copy(checkpoints / CHECKPOINT, checkpoints / SCORED_CHECKPOINT)
         scoring += time.perf_counter() - tic
 
     state = methods.fit(
         method, task, settings, seed=int(cfg.seed), num_samples=int(cfg.evaluation.num_samples), trainer=plan.trainer,
-        checkpoint_dir=str(directory / "checkpoints"), progress=bool(cfg.progress), on_round=on_round,
+        checkpoint_dir=str(checkpoints), progress=bool(cfg.progress), on_round=on_round,
     )
     if not rows:
         raise RuntimeError(f"{method.name} finished without reporting a round (on_round_end never called)")
+    draws, _ = read_draws(directory / f"samples_round_{rows[-1]['round']:02d}.csv")
     save_state(state, directory / ("posterior.pt" if method.neural else "result.pt"))
-    write_draws(directory / "samples.csv", last["draws"], names)
-    return rows, last["draws"], state
+    write_draws(directory / "samples.csv", draws, names)
+    atomic_write_text(directory / COMPLETE, "complete: posterior.pt or result.pt, samples.csv and rounds.json are final\n")
+    return rows, draws, state
 
 
-def run_experiment(cfg: DictConfig, output_dir: str | Path) -> list[dict]:
+def _method_result(method: methods.Method, settings: dict, plan: config.Plan, cfg: DictConfig, directory: Path, score: Scorer):
+    """A method's rows, final draws and final state: read back (state ``None``) when ``directory`` is
+    complete, else fitted by :func:`_fit_and_score`."""
+    if (directory / COMPLETE).is_file():
+        log.info("%s: complete in %s, read back", method.name, directory)
+        return read_rows(directory / ROWS), read_draws(directory / "samples.csv")[0], None
+    return _fit_and_score(method, settings, plan, cfg, directory, score)
+
+
+def _flatten(value: dict, prefix: str = "") -> dict:
+    """A nest of dicts as ``{"dotted.key": leaf}`` (lists are leaves; empty dicts vanish)."""
+    flat = {}
+    for key, item in value.items():
+        if isinstance(item, dict):
+            flat.update(_flatten(item, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = item
+    return flat
+
+
+def _config_differences(stored: dict, current: dict) -> list[str]:
+    """``"key: stored vs current"`` for every dotted key whose value differs between two resolved configs,
+    leaving out :data:`IGNORED_KEYS`; empty when a run of ``stored`` is a run of ``current``."""
+    a, b = _flatten(stored), _flatten(current)
+    absent = "(absent)"
+    return [
+        f"{key}: {a.get(key, absent)!r} vs {b.get(key, absent)!r}"
+        for key in sorted(set(a) | set(b))
+        if key not in IGNORED_KEYS and a.get(key, absent) != b.get(key, absent)
+    ]
+
+
+def _print_summary(summary: list[dict], reference_note: str, last_line: str) -> None:
+    """Print the summary table (one row per method), the reference's note and ``last_line``."""
+    print(f"\n{format_table(summary)}\nreference: {reference_note}\n{last_line}")
+
+
+@contextlib.contextmanager
+def _claim(out: Path) -> Iterator[None]:
+    """Hold ``out``'s lock for the block; :class:`~dpsbi.files.BusyError` (one line naming ``out``) at once
+    when another process holds it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(exclusive(out / ".lock", f"run directory {out}", timeout=0))
+        except BusyError:
+            raise BusyError(f"another dpsbi-run is writing to {out}; wait for it to end or choose another directory") from None
+        yield
+
+
+def _finished(out: Path, cfg: DictConfig) -> list[dict] | None:
+    """The summary of the run in ``out`` when it is a finished run of ``cfg`` (``None`` when there is no
+    finished run there); :class:`~dpsbi.experiment.config.ConfigError` naming every differing key when ``out``
+    holds a run of another config."""
+    if not (out / "config.yaml").is_file():
+        return None
+    differ = _config_differences(OmegaConf.to_container(OmegaConf.load(out / "config.yaml")), OmegaConf.to_container(cfg, resolve=True))
+    if differ:
+        raise config.ConfigError(f"{out} holds a run of another config ({'; '.join(differ)}); use another directory, or the same settings to resume it")
+    if not (out / "summary.json").is_file():
+        return None
+    stored = read_json(out / "summary.json")
+    _print_summary(stored["runs"], stored["reference"]["note"], f"{out}: already finished with this config; nothing recomputed")
+    return stored["runs"]
+
+
+def run_experiment(cfg: DictConfig, output_dir: str | Path, records: Mapping[str, str] | None = None) -> list[dict]:
     """Run the experiment that config ``cfg`` (composed from ``configs/``) describes, writing into
-    ``output_dir``; returns the summary: the final metric row of each method. Bad config values raise
-    :class:`~dpsbi.experiment.config.ConfigError` before any simulation."""
+    ``output_dir`` (and the text ``records``, relative path -> content, such as Hydra's); returns the summary:
+    the final metric row of each method.
+
+    Bad config values raise :class:`~dpsbi.experiment.config.ConfigError` before any simulation, and so does a
+    directory holding a run of another config (naming the differing keys) before anything is written; a
+    directory another process is writing raises :class:`~dpsbi.files.BusyError`. A finished run of the same
+    config is reported, not recomputed; a killed one is resumed."""
     plan = config.plan(cfg)
-    task, out = plan.task, Path(output_dir)
+    out = Path(output_dir)
+    with _claim(out):
+        finished = _finished(out, cfg)
+        return finished if finished is not None else _run(cfg, plan, out, records or {})
+
+
+def _run(cfg: DictConfig, plan: config.Plan, out: Path, records: Mapping[str, str]) -> list[dict]:
+    """The body of :func:`run_experiment`, in the claimed directory ``out``."""
+    task = plan.task
     if plan.threads is not None:
         torch.set_num_threads(plan.threads)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    for name, text in records.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / name, text)
     evaluation = cfg.evaluation
     settings = OmegaConf.to_container(cfg.reference, resolve=True)
     reference = reference_posterior(task, plan.task_config, seed=int(cfg.seed), progress=bool(cfg.progress), **settings)
     log.info("reference: %s", reference.note)
-    (out / "reference.json").write_text(json.dumps(reference.describe(), indent=2))
+    write_json(out / "reference.json", reference.describe())
     if reference.samples is not None:
         write_draws(out / "reference.csv", reference.samples, task.parameter_names)
     score = Scorer(task, reference, list(evaluation.metrics), int(evaluation.lmd_draws), int(cfg.seed))
     rows, summary, finals = [], [], {}
     for method, method_settings in plan.methods:
-        method_rows, finals[method.name], state = _fit_and_score(method, method_settings, plan, cfg, out / method.name, score)
+        directory = out / method.name
+        method_rows, finals[method.name], state = _method_result(method, method_settings, plan, cfg, directory, score)
         rows += method_rows
         final = {**method_rows[-1], "reference": reference.kind}
         if method.neural and int(evaluation.calibration_runs) > 0:
+            state = state if state is not None else load_posterior(directory / "posterior.pt", task=task)
             final["calibration"] = metrics.calibration(
                 state, task, int(evaluation.calibration_runs), int(evaluation.calibration_samples), int(cfg.seed), bool(cfg.progress)
             )
         summary.append(final)
     write_rows(out / "metrics", rows)
-    (out / "summary.json").write_text(json.dumps({"reference": reference.describe(), "runs": summary}, indent=2))
     if cfg.plots:
         draws = {**finals, **({"reference": reference.samples} if reference.samples is not None else {})}
         pair_plot(draws, task.parameter_names, out / "pairplot.png", task.true_theta)
         metrics_plot(rows, list(evaluation.metrics), out / "metrics.png")
-    print(f"\n{format_table(summary)}\nreference: {reference.note}\noutputs: {out}")
+    write_json(out / "summary.json", {"reference": reference.describe(), "runs": summary})
+    _print_summary(summary, reference.note, f"outputs: {out}")
     return summary
