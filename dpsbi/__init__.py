@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from . import mechanisms, qmc, tasks
+from .tasks import from_simulator
 
 __version__ = "0.1.0"
 
@@ -30,4 +31,4 @@ def __getattr__(name: str):
     return module if module.__name__.endswith(name) else getattr(module, name)
 
 
-__all__ = ["mechanisms", "qmc", "tasks", *_LAZY]
+__all__ = ["mechanisms", "qmc", "tasks", "from_simulator", *_LAZY]

@@ -110,25 +110,39 @@ class AmortizedPosterior(Protocol):
     def sample(self, sample_shape: tuple[int, ...], y: Tensor | None = None) -> Tensor: ...
 
 
+class BatchedPosterior(Protocol):
+    """A posterior that samples at many releases in one call, as dpsbi's do:
+    ``sample_batched((n,), y=(B, d_s), seed=...) -> (n, B, d_theta)``."""
+
+    def sample_batched(self, sample_shape: tuple[int, ...], y: Tensor, seed: int | None = None) -> Tensor: ...
+
+
+def _draws_at(posterior: AmortizedPosterior | BatchedPosterior, num_samples: int, ys: Tensor, seed: int, progress: bool = False) -> Tensor:
+    """``num_samples`` posterior draws at each release of ``ys (B, d_s)``, as a CPU tensor ``(num_samples, B, d_theta)``:
+    one ``sample_batched`` call (seeded with ``seed``) where the posterior has it, else a loop of ``sample``
+    calls (seeded by torch's global stream)."""
+    if hasattr(posterior, "sample_batched"):
+        return posterior.sample_batched((num_samples,), y=ys, seed=seed).cpu()
+    draws = [posterior.sample((num_samples,), y=ys[i : i + 1]).cpu() for i in tqdm(range(ys.shape[0]), disable=not progress, desc="calibration posteriors")]
+    return torch.stack(draws, dim=1)
+
+
 class _SBIView:
     """sbi's ``sample_batched`` interface over an amortized dpsbi posterior, remembering the last call so
-    that SBC and TARP rank the same draws."""
+    that SBC and TARP rank the same draws (sbi hands each a filtered copy of the releases: compared by value)."""
 
-    def __init__(self, posterior: AmortizedPosterior, progress: bool) -> None:
-        self.posterior, self.progress, self._cache = posterior, progress, None
+    def __init__(self, posterior: AmortizedPosterior | BatchedPosterior, seed: int, progress: bool) -> None:
+        self.posterior, self.seed, self.progress, self._cache = posterior, seed, progress, None
 
     def sample_batched(self, sample_shape, x: Tensor, show_progress_bars: bool = False) -> Tensor:
-        if self._cache is None or self._cache[0] is not x:
-            draws = [
-                self.posterior.sample(tuple(sample_shape), y=x[i : i + 1]).cpu()
-                for i in tqdm(range(x.shape[0]), disable=not self.progress, desc="calibration posteriors")
-            ]
-            self._cache = (x, torch.stack(draws, dim=1))  # (n, runs, d)
+        if self._cache is None or not torch.equal(self._cache[0], x):
+            (n,) = sample_shape
+            self._cache = (x, _draws_at(self.posterior, n, x, self.seed, self.progress))
         return self._cache[1]
 
 
 def calibration(
-    posterior: AmortizedPosterior,
+    posterior: AmortizedPosterior | BatchedPosterior,
     task: Task,
     num_runs: int = 200,
     num_posterior_samples: int = 1000,
@@ -137,7 +151,9 @@ def calibration(
 ) -> dict[str, float | list[float]]:
     """Simulation-based calibration and TARP (sbi's implementations) of an amortized posterior.
 
-    Draws ``num_runs`` pairs ``theta ~ prior``, ``y ~ task`` and ``num_posterior_samples`` draws at each ``y``.
+    Draws ``num_runs`` pairs ``theta ~ prior``, ``y ~ task`` and ``num_posterior_samples`` draws at each ``y``
+    (one ``sample_batched`` call for a dpsbi posterior, else one ``sample`` call per release; SBC and TARP
+    share the draws), all fixed by ``seed``.
     Returns ``sbc_ks_pvalues`` (one KS p-value per parameter: uniformity of the SBC ranks), ``tarp_atc``
     (area between TARP's expected-coverage curve and the diagonal above 1/2: > 0 too wide, < 0 too narrow)
     and ``tarp_ks_pvalue``. A calibrated posterior has large p-values and an ATC near 0.
@@ -148,7 +164,7 @@ def calibration(
         torch.manual_seed(seed)
         theta = task.prior.sample((num_runs,))
         ys = task.simulate_release(theta, torch.Generator(device=theta.device).manual_seed(seed))
-        view = _SBIView(posterior, progress)
+        view = _SBIView(posterior, int(torch.randint(0, 2**63 - 1, ())), progress)  # the posterior's own seed
         theta, ys = theta.cpu(), ys.cpu()
         ranks, _ = run_sbc(theta, ys, view, num_posterior_samples, show_progress_bar=False)  # type: ignore[arg-type]
         ecp, alpha = run_tarp(theta, ys, view, num_posterior_samples=num_posterior_samples, show_progress_bar=False, num_bins=max(num_runs // 10, 2))  # type: ignore[arg-type]

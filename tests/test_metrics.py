@@ -128,3 +128,20 @@ def test_calibration_rejects_too_narrow_and_too_wide(conjugate, width, sign):
 def test_calibration_needs_enough_runs(conjugate):
     with pytest.raises(ValueError, match="num_runs >= 10"):
         metrics.calibration(_ScaledExact(conjugate, 1.0), conjugate, num_runs=5, progress=False)
+
+
+def test_calibration_of_a_flow_posterior_costs_one_flow_call(conjugate, monkeypatch):
+    """SBC and TARP share one ``sample_batched`` call, which is one flow call for 50 runs x 100 draws; the
+    result is fixed by the seed."""
+    from dpsbi.inference import ConditionalFlow, FlowConfig, FlowPosterior
+
+    theta = conjugate.prior.sample((50,))
+    flow = ConditionalFlow(FlowConfig(transforms=1, hidden=8), theta, conjugate.simulate_release(theta))
+    post = FlowPosterior(conjugate, flow, "SPPE", amortized=True)
+    rows = []
+    sample = flow.sample
+    monkeypatch.setattr(flow, "sample", lambda noise, context: rows.append(noise.shape[:-1].numel()) or sample(noise, context))
+    result = metrics.calibration(post, conjugate, num_runs=50, num_posterior_samples=100, progress=False)
+    assert rows == [50 * 100]
+    assert len(result["sbc_ks_pvalues"]) == 2 and math.isfinite(result["tarp_atc"]) and 0 <= result["tarp_ks_pvalue"] <= 1
+    assert metrics.calibration(post, conjugate, num_runs=50, num_posterior_samples=100, progress=False) == result

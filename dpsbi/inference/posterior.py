@@ -2,7 +2,8 @@
 
 A posterior file (format version 2) is a sealed ``torch.save`` dict (:func:`dpsbi.files.save_sealed`: its
 content carries a SHA-256 checksum) holding the flow's ``state_dict`` and JSON metadata, among which the
-identity of the task's model (:func:`dpsbi.tasks.identity.identity`). Loading refuses, with a ``ValueError``
+identity of the task's model (:func:`dpsbi.tasks.identity.identity`) and the release set by
+``set_default_x``, if any (an optional key: files without it load as before). Loading refuses, with a ``ValueError``
 naming the file, anything damaged, of another format version, with non-finite weights, or made for another
 model than the task it is loaded with.
 """
@@ -40,9 +41,10 @@ class Posterior(abc.ABC):
     """A posterior over a task's parameters given releases ``y``, built on a trained conditional flow.
 
     ``sample(sample_shape, y=None, generator=None, seed=None)`` returns parameters in the prior's space,
-    shape ``sample_shape + (dim_theta,)``; ``log_prob(theta, y=None)`` returns ``theta.shape[:-1]``. ``y``
-    defaults to ``task.y_obs`` and is validated with ``task.check_release``. Results live on the flow's
-    device.
+    shape ``sample_shape + (dim_theta,)``; ``log_prob(theta, y=None)`` returns ``theta.shape[:-1]``;
+    ``sample_batched`` and ``log_prob_batched`` do the same for a batch of releases ``(B, dim_s)`` and
+    ``map`` finds the mode. ``y`` defaults to the release set by :meth:`set_default_x`, else ``task.y_obs``;
+    every release is validated with ``task.check_release``. Results live on the flow's device.
     """
 
     kind: ClassVar[str]
@@ -50,10 +52,22 @@ class Posterior(abc.ABC):
     def __init__(self, task: Task, flow: ConditionalFlow, method: str) -> None:
         self.task, self.flow, self.method = task, flow.eval(), method
         self.space = ParameterSpace(task)
+        self._default_x: Tensor | None = None
 
     @property
     def device(self) -> torch.device:
         return next(self.flow.parameters()).device
+
+    @property
+    def default_x(self) -> Tensor | None:
+        """The release ``(1, dim_s)`` used when none is given: the one set by :meth:`set_default_x`, else ``task.y_obs``."""
+        return self._default_x if self._default_x is not None else self.task.y_obs
+
+    @torch.no_grad()
+    def set_default_x(self, y: Tensor) -> "Posterior":
+        """Use release ``y`` (``(dim_s,)`` or ``(1, dim_s)``, validated now) where no ``y`` is given; returns ``self``."""
+        self._default_x = self._releases(y, single=True).cpu()
+        return self
 
     def to(self, device: torch.device | str) -> "Posterior":
         """Move the flow to ``device`` (in place); returns ``self``."""
@@ -64,27 +78,82 @@ class Posterior(abc.ABC):
     def sample(self, sample_shape=(), y: Tensor | None = None, generator: torch.Generator | None = None, seed: int | None = None) -> Tensor:
         """Draws ``sample_shape + (dim_theta,)`` at release ``y``; ``seed`` or ``generator`` fix them. Raises
         ``RuntimeError`` rather than return a NaN/inf draw."""
-        y = self._release(y)
-        shape = torch.Size(sample_shape)
-        z = self._sample_z(shape.numel(), y, self._noise_generator(generator, seed))
-        return self._finite(self.space.to_theta(z).reshape(shape + (self.task.dim_theta,)))
+        y = self._releases(y, single=True)
+        return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))[..., 0, :]
+
+    @torch.no_grad()
+    def sample_batched(self, sample_shape, y: Tensor, generator: torch.Generator | None = None, seed: int | None = None) -> Tensor:
+        """Draws ``sample_shape + (B, dim_theta)`` at each of the releases ``y (B, dim_s)``, independent across
+        releases (sbi's ``sample_batched``); ``seed`` or ``generator`` fix them. With one release the draws
+        are those of :meth:`sample` under the same seed. A :class:`FlowPosterior` maps all of them in one
+        vectorized flow pass (in chunks of :data:`CHUNK_ROWS` flow rows); a :class:`LikelihoodPosterior` runs
+        one MCMC per release (a loop)."""
+        y = self._releases(y, single=False)
+        return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))
 
     @torch.no_grad()
     def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
         """Log density of ``theta (..., dim_theta)`` at release ``y``; ``-inf`` outside the prior's support."""
-        y = self._release(y)
+        return self._log_prob(theta, self._releases(y, single=True))
+
+    @torch.no_grad()
+    def log_prob_batched(self, theta: Tensor, y: Tensor) -> Tensor:
+        """Log densities ``(..., B)`` of ``theta (..., B, dim_theta)``, column ``b`` at release ``y[b]`` of
+        ``y (B, dim_s)`` (sbi's ``log_prob_batched``); ``-inf`` outside the prior's support."""
+        y = self._releases(y, single=False)
+        theta = torch.as_tensor(theta)
+        if theta.ndim < 2 or theta.shape[-2] != y.shape[0]:
+            raise ValueError(f"theta must have shape (..., {y.shape[0]}, {self.task.dim_theta}) for {y.shape[0]} releases, got {tuple(theta.shape)}")
+        return self._log_prob(theta, y)
+
+    @torch.no_grad()
+    def map(self, y: Tensor | None = None, num_init: int = 1000, num_to_optimize: int = 100, steps: int = 1000, lr: float = 0.01, seed: int | None = None) -> Tensor:
+        """The posterior's mode ``(dim_theta,)`` at release ``y``, as sbi finds it: the ``num_to_optimize`` best of
+        ``num_init`` posterior draws, each moved by ``steps`` Adam steps of rate ``lr`` up the log density (of
+        ``theta``, in the prior's space) in the unconstrained space; the best point seen is returned.
+        ``seed`` fixes the draws."""
+        if min(num_init, num_to_optimize) < 1 or steps < 0 or not lr > 0:
+            raise ValueError(f"map needs num_init, num_to_optimize >= 1, steps >= 0 and lr > 0, got {num_init}, {num_to_optimize}, {steps}, {lr}")
+        y = self._releases(y, single=True)
+        theta = self._draw(torch.Size((num_init,)), y, self._noise_generator(None, seed))[:, 0]
+        z = self.space.to_z(theta[self._log_prob(theta, y).topk(min(num_to_optimize, num_init)).indices])
+        best, best_value = z.clone(), torch.full(z.shape[:-1], -math.inf, device=z.device)
+        z.requires_grad_(True)
+        optimizer = torch.optim.Adam([z], lr=lr)
+        for step in range(steps + 1):
+            with torch.enable_grad():
+                value = self._log_prob_z(z, y)
+                total = value.sum()
+            better = value > best_value  # NaN (a point off the flow's range) is never better
+            best, best_value = torch.where(better[:, None], z, best), torch.where(better, value, best_value)
+            if step < steps:  # ascend: the gradient in z only, never in the flow's weights
+                (gradient,) = torch.autograd.grad(total, z)
+                z.grad = -gradient
+                optimizer.step()
+        return self.space.to_theta(best[best_value.argmax()])
+
+    def _draw(self, shape: torch.Size, y: Tensor, generator: torch.Generator | None) -> Tensor:
+        """Draws ``shape + (B, dim_theta)`` at the checked releases ``y (B, dim_s)``, refused if any is NaN/inf."""
+        z = self._sample_z(shape.numel(), y, generator)
+        return self._finite(self.space.to_theta(z).reshape(shape + (y.shape[0], self.task.dim_theta)))
+
+    def _log_prob(self, theta: Tensor, y: Tensor) -> Tensor:
+        """Log density ``(...)`` of ``theta (..., B, dim_theta)`` at the checked releases ``y (B, dim_s)`` (with
+        ``B = 1``, any ``theta (..., dim_theta)``); ``-inf`` outside the prior's support."""
         theta, inside = self._check_theta(theta)
-        rows = theta.reshape(-1, self.task.dim_theta)
-        value = _in_chunks(lambda chunk: self._log_prob_rows(chunk, y), rows).reshape(theta.shape[:-1])
-        return torch.where(inside, value, -math.inf)
+        rows = theta.reshape(-1, y.shape[0], self.task.dim_theta)
+        value = _in_chunks(lambda chunk: self._log_prob_z(self.space.to_z(chunk), y), rows, width=y.shape[0])
+        return torch.where(inside, value.reshape(theta.shape[:-1]), -math.inf)
 
     @abc.abstractmethod
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
-        """``n`` draws ``(n, dim_unconstrained)`` in the unconstrained space at the checked release ``y (1, dim_s)``."""
+        """``n`` draws ``(n, B, dim_unconstrained)`` in the unconstrained space at each checked release of ``y (B, dim_s)``."""
 
     @abc.abstractmethod
-    def _log_prob_rows(self, theta: Tensor, y: Tensor) -> Tensor:
-        """Log density ``(n,)`` of ``theta (n, dim_theta)`` on the flow's device at the checked release ``y``."""
+    def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
+        """Log density of ``theta = T(z)`` in the prior's space (no Jacobian of ``T``) for ``z (..., dim_unconstrained)``
+        on the flow's device at checked releases ``y (..., dim_s)`` broadcasting with it; shape of the broadcast
+        batch, differentiable in ``z``."""
 
     def _finite(self, theta: Tensor) -> Tensor:
         """``theta (..., dim_theta)`` unchanged, or a ``RuntimeError`` if any draw holds a NaN or inf."""
@@ -96,16 +165,26 @@ class Posterior(abc.ABC):
             )
         return theta
 
-    def _release(self, y: Tensor | None) -> Tensor:
-        """``y`` (default ``task.y_obs``) as a checked ``(1, dim_s)`` release on the flow's device."""
+    def _releases(self, y: Tensor | None, single: bool) -> Tensor:
+        """``y`` (default: :attr:`default_x`) as checked releases ``(B, dim_s)`` on the flow's device; ``single``
+        demands exactly one. Warns where the posterior is not valid at a given release (:meth:`_caveat`)."""
         if y is None:
-            if self.task.y_obs is None:
-                raise ValueError(f"task {self.task.name!r} has no observed release; pass y=")
-            y = self.task.y_obs
+            if self.default_x is None:
+                raise ValueError(f"task {self.task.name!r} has no observed release; pass y= or call set_default_x")
+            return self.task.check_release(self.default_x).to(self.device, torch.get_default_dtype())
         y = self.task.check_release(y)
-        if y.shape[0] != 1:
+        if single and y.shape[0] != 1:
             raise ValueError(f"give one release of shape (1, {self.task.dim_s}), got {y.shape[0]} rows")
+        if y.shape[0] == 0:
+            raise ValueError(f"give at least one release of shape (B, {self.task.dim_s}), got none")
+        caveat = self._caveat(y)
+        if caveat:
+            warnings.warn(caveat, stacklevel=4)
         return y.to(self.device, torch.get_default_dtype())
+
+    def _caveat(self, y: Tensor) -> str | None:
+        """Why this posterior may not be valid at the checked releases ``y``, or ``None``."""
+        return None
 
     def _check_theta(self, theta: Tensor) -> tuple[Tensor, Tensor]:
         """``theta`` as a float tensor on the flow's device and a mask of rows inside the prior's support."""
@@ -129,6 +208,7 @@ class Posterior(abc.ABC):
             "task": _task_spec(self.task),
             "identity": identity(self.task),
             "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
+            "default_x": None if self._default_x is None else self._default_x.tolist(),
             "flow": {"config": self.flow.config.to_dict(), "dim": self.flow.dim, "context_dim": self.flow.context_dim},
             "options": self.options(),
         }
@@ -161,27 +241,21 @@ class FlowPosterior(Posterior):
     def options(self) -> dict:
         return {"amortized": self.amortized}
 
-    def _release(self, y: Tensor | None) -> Tensor:
-        y_checked = super()._release(y)
-        if y is not None and not self.amortized and not self._is_y_obs(y_checked):
-            warnings.warn(
-                f"this {self.method} posterior was trained sequentially for task.y_obs; at another release it is "
-                "not a valid posterior (train with rounds=1 for an amortized one)",
-                stacklevel=3,
-            )
-        return y_checked
-
-    def _is_y_obs(self, y: Tensor) -> bool:
-        return self.task.y_obs is not None and torch.allclose(y.cpu(), self.task.y_obs.cpu().to(y.dtype))
+    def _caveat(self, y: Tensor) -> str | None:
+        if self.amortized or (self.task.y_obs is not None and torch.allclose(y.cpu(), self.task.y_obs.cpu().to(y.dtype).expand_as(y))):
+            return None
+        return (
+            f"this {self.method} posterior was trained sequentially for task.y_obs; at another release it is "
+            "not a valid posterior (train with rounds=1 for an amortized one)"
+        )
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
-        """All the base noise ``(n, dim)`` first, then mapped chunk by chunk: the chunking changes the draws by
+        """All the base noise ``(n, B, dim)`` first, then mapped chunk by chunk: the chunking changes the draws by
         float round-off at most (matrix products round differently with the number of rows), never the noise."""
-        noise = torch.randn(n, self.flow.dim, generator=generator, device=generator.device if generator else None)
-        return _in_chunks(lambda chunk: self.flow.sample(chunk.to(self.device), y), noise)
+        noise = torch.randn(n, y.shape[0], self.flow.dim, generator=generator, device=generator.device if generator else None)
+        return _in_chunks(lambda chunk: self.flow.sample(chunk.to(self.device), y), noise, width=y.shape[0])
 
-    def _log_prob_rows(self, theta: Tensor, y: Tensor) -> Tensor:
-        z = self.space.to_z(theta)
+    def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
         return self.flow.log_prob(z, y) - self.space.log_abs_det(z)
 
 
@@ -204,7 +278,12 @@ class LikelihoodPosterior(Posterior):
         return self.space.log_prior_z(z) + self.flow.log_prob(y, z)
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
-        """Slice sampling from ``num_chains`` chains started among ``init_candidates`` prior draws."""
+        """One slice-sampling run per release (a loop over the ``B`` rows of ``y``), stacked to ``(n, B, dim)``."""
+        return torch.stack([self._slice_sample(n, y[b : b + 1], generator) for b in range(y.shape[0])], dim=1)
+
+    def _slice_sample(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
+        """``n`` draws ``(n, dim)`` at one release ``y (1, dim_s)``: slice sampling from ``num_chains`` chains
+        started among ``init_candidates`` prior draws."""
         run_seed = draw_seed(generator)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(run_seed)
@@ -215,17 +294,18 @@ class LikelihoodPosterior(Posterior):
         width = candidates.std(0)  # the prior's spread: wider than the posterior's, as the sampler likes it
         return slice_sample(lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress)
 
-    def _log_prob_rows(self, theta: Tensor, y: Tensor) -> Tensor:
-        return self.task.prior.log_prob(theta.to(self.space.device)).to(self.device) + self.flow.log_prob(y, self.space.to_z(theta))
+    def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
+        return self.task.prior.log_prob(self.space.to_theta(z.to(self.space.device))).to(self.device) + self.flow.log_prob(y, z)
 
 
 _KINDS = {cls.kind: cls for cls in (FlowPosterior, LikelihoodPosterior)}
 
 
-def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor) -> Tensor:
-    """``fn`` applied to ``rows (n, ...)`` in chunks of at most :data:`CHUNK_ROWS` rows, the results
-    ``(chunk, ...)`` concatenated to ``(n, ...)``."""
-    return torch.cat([fn(chunk) for chunk in rows.split(CHUNK_ROWS)])
+def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> Tensor:
+    """``fn`` applied to ``rows (n, ...)`` in chunks, the results ``(chunk, ...)`` concatenated to ``(n, ...)``.
+    A row stands for ``width`` flow rows (one per release), so a chunk holds at most ``max(CHUNK_ROWS, width)``
+    flow rows."""
+    return torch.cat([fn(chunk) for chunk in rows.split(max(1, CHUNK_ROWS // width))])
 
 
 def _jsonable(value):
@@ -313,7 +393,7 @@ def load_posterior(path: str | os.PathLike, device: torch.device | str | None = 
     default device). Only tensors and plain containers are read (``weights_only=True``), and only from an
     intact file (checksum). The task is rebuilt from its recorded name and arguments unless ``task`` is
     given; either way its model must match the one recorded in the file, or a ``ValueError`` names every
-    differing field."""
+    differing field. A release set by ``set_default_x`` before saving is the default again."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     meta, state = _read(path, device)
     which = "the given task"
@@ -331,4 +411,7 @@ def load_posterior(path: str | os.PathLike, device: torch.device | str | None = 
         flow.load_state_dict(state)
     except RuntimeError as error:
         raise ValueError(f"{path}: the stored weights do not fit the recorded flow ({error})") from None
-    return _KINDS[meta["kind"]](task, flow.to(device), meta["method"], **meta["options"])
+    posterior = _KINDS[meta["kind"]](task, flow.to(device), meta["method"], **meta["options"])
+    if meta.get("default_x") is not None:  # absent from files written before set_default_x existed
+        posterior.set_default_x(torch.tensor(meta["default_x"], dtype=torch.get_default_dtype()))
+    return posterior

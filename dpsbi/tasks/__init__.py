@@ -1,10 +1,12 @@
-"""The inference tasks of the papers: ``dpsbi.tasks.load(name, epsilon=..., **overrides)``."""
+"""The inference tasks of the papers, ``dpsbi.tasks.load(name, epsilon=..., **overrides)``, and your own model,
+``dpsbi.tasks.from_simulator(prior, simulator, mechanism, y_obs)`` with the priors ``box`` and ``normal``."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from .base import Task
+from .custom import box, from_simulator, normal
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}
 
@@ -40,6 +42,6 @@ def load(name: str, **kwargs) -> Task:
     return task
 
 
-from . import binary_responses, conjugate_gaussian, naive_bayes, normal_variance, poisson_counts, regression, sir, uniform_mixture  # noqa: E402,F401  (registration)
+from . import binary_responses, conjugate_gaussian, factory, naive_bayes, normal_variance, poisson_counts, regression, sir, uniform_mixture  # noqa: E402,F401  (registration)
 
-__all__ = ["Task", "load", "names", "register"]
+__all__ = ["Task", "box", "from_simulator", "load", "names", "normal", "register"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -51,9 +53,25 @@ class Task:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the problem if the prior, the mechanism, ``y_obs`` or ``true_theta``
-        cannot be used (shapes, support, finiteness); called at construction and by the estimators."""
+        cannot be used (shapes, support, finiteness), or if ``epsilon`` is not the mechanism's; called at
+        construction and by the estimators.
+
+        ``epsilon`` must be one of the privacy levels the mechanism states: its ``epsilon``, the target it was
+        calibrated from (``BinomialCurve.target_epsilon``) or the ``mu`` of a Gaussian-DP mechanism
+        (``Gaussian.gdp``). Tasks whose data are not a release of the mechanism (``release_from_mechanism=False``)
+        are exempt."""
         if not isinstance(self.mechanism, Mechanism):
             raise ValueError(f"task {self.name!r}: mechanism must be a dpsbi Mechanism, got {type(self.mechanism).__name__}")
+        if not isinstance(self.epsilon, numbers.Real):
+            raise ValueError(f"task {self.name!r}: epsilon must be a number, got {self.epsilon!r}")
+        if self.release_from_mechanism:
+            stated = {k: float(getattr(self.mechanism, k)) for k in ("epsilon", "target_epsilon", "mu") if hasattr(self.mechanism, k)}
+            if not any(math.isclose(self.epsilon, v, rel_tol=1e-6) for v in stated.values()):
+                levels = ", ".join(f"{k}={v:g}" for k, v in stated.items())
+                raise ValueError(
+                    f"task {self.name!r}: epsilon={self.epsilon:g} disagrees with its mechanism {self.mechanism!r} "
+                    f"({levels}); state epsilon once, when building the mechanism"
+                )
         if len(self.prior.event_shape) != 1:
             raise ValueError(f"task {self.name!r}: the prior must be over vectors (event shape (d,)), got {tuple(self.prior.event_shape)}")
         if self.y_obs is not None:
