@@ -97,7 +97,7 @@ def end_to_end(task_name: str, method: str, budget: dict, accelerator: str) -> d
     task = dpsbi.tasks.load(task_name, epsilon=TASKS[task_name])
     estimator = {"SPPE": SPPE, "SPLE": SPLE}[method]
     start = time.perf_counter()
-    posterior = estimator(task, **budget, accelerator=accelerator, progress=False).run()
+    posterior = estimator(task, **{**budget, "training": {**budget["training"], "accelerator": accelerator}}, progress=False).run()
     fit = time.perf_counter() - start
     posterior.sample((1000,), seed=0)
     total = time.perf_counter() - start
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     accelerators = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     n, m = (20, 8) if args.quick else (100, 32)
-    budget = {"rounds": args.rounds, "sims_per_round": args.sims, "inner_samples": args.inner_samples, "max_epochs": args.max_epochs}
+    budget = {"rounds": args.rounds, "sims_per_round": args.sims, "inner_samples": args.inner_samples, "training": {"max_epochs": args.max_epochs}}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, devices {[d.type for d in devices]}")
 
     results = {"budget": budget, "sir": [sir_throughput(20 if args.quick else 200, args.repeats)]}

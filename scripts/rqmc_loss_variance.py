@@ -35,7 +35,7 @@ def fixed_flow(task, method: str, epochs: int, sims: int, seed: int, progress: b
     """The flow whose loss is studied: one round of ``method`` trained for ``epochs`` epochs on ``sims``
     prior simulations, or (``epochs = 0``) a fresh flow z-scored on such simulations."""
     if epochs:
-        return LOSSES[method][0](task, rounds=1, sims_per_round=sims, seed=seed, progress=progress, max_epochs=epochs).run().flow
+        return LOSSES[method][0](task, rounds=1, sims_per_round=sims, seed=seed, progress=progress, training=dict(max_epochs=epochs)).run().flow
     torch.manual_seed(seed)
     theta = task.prior.sample((sims,))
     z, y = task.transform.inv(theta), task.release(task.simulate(theta))

@@ -16,7 +16,7 @@ from dpsbi.mechanisms import BinomialCurve, Gaussian, Laplace, RandomizedRespons
 from dpsbi.tasks import Task, box, from_simulator, normal
 from dpsbi.tasks.custom import takes_randomness
 
-TINY = dict(sims_per_round=60, inner_samples=2, flow=dict(transforms=1, hidden=8), max_epochs=1, progress=False)
+TINY = dict(sims_per_round=60, inner_samples=2, flow=dict(transforms=1, hidden=8), training=dict(max_epochs=1), progress=False)
 RECORDS, LOW, HIGH = 50, -5.0, 5.0
 #: Two clamped means of the same records: L1 sensitivity d (b - a) / n.
 MECHANISM = Laplace(1.0, sensitivity=2 * (HIGH - LOW) / RECORDS, dim=2)

@@ -36,13 +36,13 @@ SUPPORT = {
 QUICK = ["companions=[]", "progress=false", "plots=false", "trainer=cpu", "trainer.threads=1", "evaluation.num_samples=200",
          "evaluation.metrics=[mmd,nlog,lmd]", "evaluation.lmd_draws=50", "reference.num_samples=200",
          "reference.pilot_simulations=100", "reference.max_simulations=3000", "reference.importance_particles=60", "reference.importance_draws=500"]
-NEURAL = ["method.max_epochs=2", "method.flow={transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}"]
+NEURAL = ["method.training.max_epochs=2", "method.flow={transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}"]
 #: A cheap supported task and tiny settings for each method.
 TINY = {
     "sppe": ["task=poisson_counts", "method.rounds=2", "method.sims_per_round=100", "method.inner_samples=4", *NEURAL],
     "sple": ["task=poisson_counts", "method.rounds=1", "method.sims_per_round=100", "method.inner_samples=4",
              "method.mcmc={num_chains: 10, warmup: 10, thin: 1, init_candidates: 100}", *NEURAL],
-    "naive_npe": ["task=poisson_counts", "method.sims=100", *NEURAL, "evaluation.calibration_runs=20", "evaluation.calibration_samples=100"],
+    "naive_npe": ["task=poisson_counts", "method.rounds=1", "method.sims_per_round=100", *NEURAL, "evaluation.calibration_runs=20", "evaluation.calibration_samples=100"],
     "rejection_abc": ["task=poisson_counts", "method.num_samples=200"],
     "abc_is": ["task=poisson_counts", "method.num_simulations=2000"],
     "smc_abc": ["task=poisson_counts", "method.num_particles=100", "method.tolerance_end=0.5"],
@@ -178,6 +178,11 @@ def test_sir_reference_says_it_is_approximate(tmp_path):
         (["companions=[nope]"], "unknown companion method 'nope'"),
         (["evaluation.metrics=[c2st,accuracy]"], "unknown metrics ['accuracy']"),
         (["trainer.threads=0"], "trainer.threads must be a positive integer"),
+        (["budget.rounds=0"], "budget.rounds must be a positive integer or null, got 0"),
+        (["budget.sims_per_round=many"], "budget.sims_per_round must be a positive integer or null, got 'many'"),
+        (["budget.max_epochs=1.5"], "budget.max_epochs must be a positive integer or null, got 1.5"),
+        (["+budget.epochs=3"], "unknown budget keys ['epochs']; known: rounds, sims_per_round, inner_samples, max_epochs"),
+        (["budget.inner_samples=3"], "method 'sppe': RQMC (qmc=True) needs inner_samples a power of two, got 3"),
     ],
 )
 def test_bad_config_values_fail_at_start(overrides, message, tmp_path):
@@ -185,6 +190,21 @@ def test_bad_config_values_fail_at_start(overrides, message, tmp_path):
         run_experiment(config(*overrides), tmp_path / "run")
     assert message in str(error.value)
     assert not (tmp_path / "run").exists()  # nothing was run or written
+
+
+def test_one_budget_sets_every_neural_method():
+    cfg = config("method=sppe", "companions=[sple,naive_npe,smc_abc]", "trainer=cpu", "+method_settings.sppe.rounds=5",
+                 "budget.rounds=1", "budget.sims_per_round=50", "budget.inner_samples=8", "budget.max_epochs=3")
+    settings = {method.name: s for method, s in plan(cfg).methods}
+    assert list(settings) == ["sppe", "sple", "naive_npe", "smc_abc"]
+    for name in ("sppe", "sple", "naive_npe"):  # the budget overrides the method configs and method_settings
+        assert (settings[name]["rounds"], settings[name]["sims_per_round"]) == (1, 50)
+        training = settings[name]["training"]
+        assert training["max_epochs"] == 3 and training["patience"] == 20 and training["accelerator"] == "cpu"
+    assert settings["sppe"]["inner_samples"] == settings["sple"]["inner_samples"] == 8 and "inner_samples" not in settings["naive_npe"]
+    assert not {"rounds", "training"} & set(settings["smc_abc"])  # the classical baselines ignore it
+    unset = {method.name: s for method, s in plan(config("companions=[sple,naive_npe]")).methods}
+    assert (unset["sppe"]["rounds"], unset["sple"]["sims_per_round"], unset["naive_npe"]["training"]["max_epochs"]) == (2, 500, 20)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of cuda on a machine without one")
@@ -219,7 +239,7 @@ def _cli(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
-    naive = "{sims: 100, max_epochs: 2, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
+    naive = "{rounds: 1, sims_per_round: 100, training: {max_epochs: 2}, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
     # mhaar cannot run on poisson_counts (no record model): the sweep goes on, then says so and exits 1.
     sweep = _cli("dpsbi-run", "-m", "task=poisson_counts", "method=naive_npe,mhaar,rejection_abc", f"+method_settings.naive_npe={naive}",
                  "+method_settings.rejection_abc.num_samples=200", *QUICK, "plots=true", f"hydra.sweep.dir={tmp_path / 'multi'}", cwd=tmp_path)

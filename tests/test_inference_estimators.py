@@ -9,7 +9,7 @@ from dpsbi.inference.estimator import PROBE_ROWS
 from dpsbi.metrics import c2st
 from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
-SMALL = dict(flow=dict(transforms=2, hidden=32), max_epochs=30, patience=5, progress=False)
+SMALL = dict(flow=dict(transforms=2, hidden=32), training=dict(max_epochs=30, patience=5), progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_sple_matches_the_exact_private_posterior(task, exact):
 def test_naive_npe_fits_the_non_private_posterior_and_misses_the_private_one(task, exact):
     """NaiveNPE learns theta | s, i.e. N(y / (1 + v), v / (1 + v)) with v = 0.09 at s = y_obs, and so misses
     the private posterior, whose variance also counts the mechanism's sigma^2 = 0.25."""
-    post = dpsbi.NaiveNPE(task, sims=1000, **{**SMALL, "max_epochs": 60, "patience": 10}).run()
+    post = dpsbi.NaiveNPE(task, rounds=1, sims_per_round=1000, **{**SMALL, "training": dict(max_epochs=60, patience=10)}).run()
     draws = post.sample((1000,), seed=0)
     v = 0.09
     naive = task.y_obs / (1 + v) + (v / (1 + v)) ** 0.5 * torch.randn(1000, 2, generator=torch.Generator().manual_seed(3))
@@ -94,7 +94,7 @@ class Interrupt(Exception):
 
 
 def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path):
-    settings = dict(rounds=3, sims_per_round=100, inner_samples=4, atoms=3, flow=dict(transforms=1, hidden=8), max_epochs=2, progress=False)
+    settings = dict(rounds=3, sims_per_round=100, inner_samples=4, atoms=3, flow=dict(transforms=1, hidden=8), training=dict(max_epochs=2), progress=False)
     reference = dpsbi.SPPE(dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0), **settings).run()
 
     def kill_after_round_1(index, posterior, n):
@@ -113,6 +113,8 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
     assert calls == [100, 100, 100]
     with pytest.raises(ValueError, match="sims_per_round"):
         dpsbi.SPPE(task, checkpoint_dir=tmp_path, **{**settings, "sims_per_round": 200}).run()
+    with pytest.raises(ValueError, match="training.validation_fraction: 0.05 vs 0.1"):
+        dpsbi.SPPE(task, checkpoint_dir=tmp_path, **{**settings, "training": dict(max_epochs=2, validation_fraction=0.1)}).run()
 
 
 @pytest.mark.parametrize(
@@ -120,15 +122,32 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
     [
         (dict(inner_samples=12), "power of two"),
         (dict(rounds=0), "rounds"),
-        (dict(validation_fraction=0.0), "validation_fraction"),
+        (dict(training=dict(validation_fraction=0.0)), "validation_fraction"),
+        (dict(training=dict(validation_fraction=0.9), sims_per_round=2), "leaves no training data"),
         (dict(atoms=1), "atoms"),
         (dict(flow=dict(layers=3)), "unknown flow settings"),
-        (dict(lr=-1.0), "lr"),
+        (dict(training=dict(lr=-1.0)), "lr"),
+        (dict(training=dict(epochs=3)), "unknown training settings"),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(task, kwargs, match):
     with pytest.raises(ValueError, match=match):
         dpsbi.SPPE(task, **kwargs)
+
+
+def test_a_flat_training_setting_is_pointed_to_training(task):
+    with pytest.raises(TypeError, match=r"\['max_epochs'\]; training settings go in training=dict\(max_epochs=2\)"):
+        dpsbi.SPPE(task, max_epochs=2)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['foo'\]$"):
+        dpsbi.SPLE(task, foo=1)
+
+
+def test_naive_npe_spends_the_sequential_budget_in_one_round(task):
+    naive = dpsbi.NaiveNPE(task, rounds=3, sims_per_round=20)
+    assert (naive.rounds, naive.sims_per_round, naive.inner_samples) == (1, 60, 1)
+    assert dpsbi.NaiveNPE(task).sims_per_round == dpsbi.SPPE(task).rounds * dpsbi.SPPE(task).sims_per_round
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        dpsbi.NaiveNPE(task, rounds=0)
 
 
 def test_sequential_rounds_need_an_observed_release():

@@ -17,7 +17,7 @@ from dpsbi.inference import ConditionalFlow, FlowConfig, FlowPosterior, Likeliho
 from dpsbi.mechanisms import Laplace
 from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
-TINY = dict(flow=dict(transforms=1, hidden=8), max_epochs=2, progress=False)
+TINY = dict(flow=dict(transforms=1, hidden=8), training=dict(max_epochs=2), progress=False)
 #: Three releases of the conjugate toy (B = 3) for the batched calls.
 RELEASES = torch.tensor([[0.0, 0.0], [2.0, -1.0], [-2.0, 1.5]])
 

@@ -15,7 +15,7 @@ from dpsbi.inference.training import Batches, NonFiniteLossError
 from dpsbi.mechanisms import Gaussian, Laplace
 from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
-TINY = dict(sims_per_round=60, inner_samples=2, flow=dict(transforms=1, hidden=8), max_epochs=1, progress=False)
+TINY = dict(sims_per_round=60, inner_samples=2, flow=dict(transforms=1, hidden=8), training=dict(max_epochs=1), progress=False)
 
 
 def _task(**kwargs):
@@ -96,7 +96,7 @@ def test_a_bad_release_is_refused_at_construction(y_obs, match):
         (dict(inner_samples=3), "power of two"),
         (dict(flow=dict(hidden=0)), "hidden must be a positive integer"),
         (dict(atoms=101), "exceeds the batch size"),
-        (dict(batch_size=0), "batch_size"),
+        (dict(training=dict(batch_size=0)), "batch_size"),
     ],
 )
 def test_bad_settings_fail_at_construction(kwargs, match):

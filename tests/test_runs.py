@@ -30,7 +30,7 @@ REJECTION = ["method=rejection_abc", "method.num_samples=200"]
 
 def sppe_budget(rounds: int) -> str:
     """SPPE's budget as a ``method_settings`` override (it then holds as main method and as companion)."""
-    return f"+method_settings.sppe={{rounds: {rounds}, sims_per_round: 100, inner_samples: 4, max_epochs: 2, flow: {FLOW}}}"
+    return f"+method_settings.sppe={{rounds: {rounds}, sims_per_round: 100, inner_samples: 4, training: {{max_epochs: 2}}, flow: {FLOW}}}"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -247,7 +247,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch)
 def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
     """Killed before the run's summary (the method is read back, its calibration computed from its saved
     posterior) or before the method's completion mark (the estimator resumes with no round left to train)."""
-    overrides = [*QUICK, "method=naive_npe", "method.sims=100", "method.max_epochs=2", f"method.flow={FLOW}",
+    overrides = [*QUICK, "method=naive_npe", "method.rounds=1", "method.sims_per_round=100", "method.training.max_epochs=2", f"method.flow={FLOW}",
                  "evaluation.calibration_runs=20", "evaluation.calibration_samples=50"]
     run = tmp_path / "run"
     summary = run_experiment(config(*overrides), run)
@@ -265,7 +265,9 @@ def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
         (["method.sims_per_round=-5"], "method 'sppe': .*sims_per_round"),
         (["method.inner_samples=3"], "method 'sppe': .*inner_samples"),
         (["method.flow.hidden=0"], "method 'sppe': .*hidden"),
-        (["companions=[naive_npe]", "+method_settings.naive_npe.sims=1"], "method 'naive_npe': .*sims"),
+        (["companions=[naive_npe]", "+method_settings.naive_npe.sims_per_round=1"], "method 'naive_npe': .*sims_per_round"),
+        (["method.training.patience=0"], "method 'sppe': .*patience"),
+        (["+method.max_epochs=2"], r"method 'sppe': .*training=dict\(max_epochs=2\)"),
         (["+method.foo=1"], "method 'sppe': .*'foo'"),
         (["method=smc_abc", "+method.foo=1"], "method 'smc_abc': .*'foo'.*; it takes num_particles"),
     ],

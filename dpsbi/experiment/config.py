@@ -20,6 +20,8 @@ from .methods import Method
 CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
 METRICS = ("c2st", "mmd", "nlog", "lmd")
 TRAINER_KEYS = ("accelerator", "devices", "precision", "threads")
+#: Keys of the ``budget`` node: the simulation and training budget of every neural method of a run at once.
+BUDGET_KEYS = ("rounds", "sims_per_round", "inner_samples", "max_epochs")
 #: OmegaConf resolver ``${dpsbi_run_id:}``: a random token, the same throughout one composed config (cached),
 #: that makes the default run and sweep directories of runs started in the same second differ.
 RUN_ID_RESOLVER = "dpsbi_run_id"
@@ -52,13 +54,13 @@ def config_dir() -> Path:
 
 @dataclass
 class Plan:
-    """A validated run: the task, the methods with their keyword settings, the Lightning settings of the
-    neural methods, and the number of torch CPU threads (``None``: torch's default)."""
+    """A validated run: the task, the methods with their keyword settings (a neural method's ``training``
+    holds the Lightning settings of the ``trainer`` group), and the number of torch CPU threads (``None``:
+    torch's default)."""
 
     task: Task
     task_config: dict
     methods: list[tuple[Method, dict]]
-    trainer: dict
     threads: int | None = None
 
 
@@ -85,11 +87,23 @@ def build_task(task_config: dict) -> Task:
     return task
 
 
-def method_settings(cfg: DictConfig, name: str, base: dict) -> dict:
-    """Keywords for method ``name``: its config ``base`` (without ``name``) updated by ``method_settings[name]``."""
-    settings = {k: v for k, v in base.items() if k != "name"}
-    settings.update(_container(cfg.get("method_settings", {})).get(name, {}))
-    return settings
+def merged(base: dict, override: dict) -> dict:
+    """``base`` updated by ``override``, nested dicts key by key (an override of one training setting keeps
+    the others)."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def method_settings(cfg: DictConfig, method: Method, base: dict, trainer: dict, budget: dict) -> dict:
+    """Keywords for ``method``: its config ``base`` (without ``name``) merged with ``method_settings[name]``;
+    a neural method's ``training`` takes the ``trainer`` group's Lightning settings unless it sets them, and
+    the ``budget`` values that are set override the rest."""
+    settings = merged({k: v for k, v in base.items() if k != "name"}, _container(cfg.get("method_settings", {})).get(method.name, {}))
+    if not method.neural:
+        return settings
+    return merged(merged({"training": trainer}, settings), methods.budget_settings(method, budget))
 
 
 def _method_config(name: str) -> dict:
@@ -116,6 +130,18 @@ def _trainer(cfg: DictConfig) -> tuple[dict, int | None]:
     return trainer, threads
 
 
+def _budget(cfg: DictConfig) -> dict:
+    """The ``budget`` values that are set (not null), each a positive integer."""
+    budget = _container(cfg.get("budget", {}))
+    unknown = set(budget) - set(BUDGET_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown budget keys {sorted(unknown)}; known: {', '.join(BUDGET_KEYS)}")
+    for key, value in budget.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"budget.{key} must be a positive integer or null, got {value!r}")
+    return {k: v for k, v in budget.items() if v is not None}
+
+
 def _check_evaluation(cfg: DictConfig) -> None:
     evaluation = cfg.evaluation
     unknown = set(evaluation.metrics) - set(METRICS)
@@ -127,10 +153,10 @@ def _check_evaluation(cfg: DictConfig) -> None:
         raise ConfigError(f"reference.num_samples must be >= 10, got {cfg.reference.num_samples}")
 
 
-def _check_settings(method: Method, task: Task, settings: dict, trainer: dict, seed: int) -> None:
+def _check_settings(method: Method, task: Task, settings: dict, seed: int) -> None:
     """Raise :class:`ConfigError` naming ``method`` and the problem when it cannot take ``settings``."""
     try:
-        methods.check_settings(method, task, settings, trainer, seed)
+        methods.check_settings(method, task, settings, seed)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"method {method.name!r}: {error}") from None
 
@@ -140,6 +166,7 @@ def plan(cfg: DictConfig) -> Plan:
     :class:`ConfigError` naming the problem, before any simulation."""
     _check_evaluation(cfg)
     trainer, threads = _trainer(cfg)
+    budget = _budget(cfg)
     unknown = set(_container(cfg.get("method_settings", {}))) - set(methods.METHODS)
     if unknown:
         raise ConfigError(f"method_settings names unknown methods {sorted(unknown)}; known: {', '.join(sorted(methods.METHODS))}")
@@ -158,7 +185,7 @@ def plan(cfg: DictConfig) -> Plan:
             method.check(task)
         except ValueError as error:
             raise ConfigError(f"method {method.name!r} cannot run on task {task.name!r}: {error}") from None
-        settings = method_settings(cfg, method.name, config)
-        _check_settings(method, task, settings, trainer, int(cfg.seed))
+        settings = method_settings(cfg, method, config, trainer, budget)
+        _check_settings(method, task, settings, int(cfg.seed))
         chosen.append((method, settings))
-    return Plan(task, task_config, chosen, trainer, threads)
+    return Plan(task, task_config, chosen, threads)

@@ -150,11 +150,24 @@ def baseline_draws(result, num_samples: int, generator: torch.Generator | None =
     return samples[index[:num_samples].to(samples.device)]
 
 
-def _estimator(method: Method, task: Task, settings: dict, trainer: dict, *, seed: int, checkpoint_dir: str | None, progress: bool, on_round_end=None):
-    """The (not yet run) estimator of neural ``method`` with keyword ``settings`` and Lightning ``trainer`` keywords."""
-    return method.load()(
-        task, **settings, **trainer, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=on_round_end
-    )
+def _estimator(method: Method, task: Task, settings: dict, *, seed: int, checkpoint_dir: str | None, progress: bool, on_round_end=None):
+    """The (not yet run) estimator of neural ``method`` with keyword ``settings``."""
+    return method.load()(task, **settings, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=on_round_end)
+
+
+def budget_settings(method: Method, budget: dict) -> dict:
+    """The settings that the neural ``budget`` (``{key: value}``) gives ``method``: a key the estimator takes
+    as an argument (``rounds``, ``sims_per_round``, ``inner_samples``) as it is, a key of
+    :class:`~dpsbi.inference.training.TrainingSettings` (``max_epochs``) in ``training``. Other keys
+    (NaiveNPE's ``inner_samples``, fixed at 1) are left out, and a classical baseline gets nothing."""
+    if not method.neural:
+        return {}
+    from ..inference.training import TrainingSettings
+
+    arguments = inspect.signature(method.load()).parameters
+    settings = {k: v for k, v in budget.items() if k in arguments}
+    training = {k: v for k, v in budget.items() if k in TrainingSettings.field_names()}
+    return {**settings, "training": training} if training else settings
 
 
 def _baseline_arguments(method: Method, settings: dict, seed: int, progress: bool) -> dict:
@@ -163,12 +176,12 @@ def _baseline_arguments(method: Method, settings: dict, seed: int, progress: boo
     return {**settings, method.seed_argument: seed_value, "progress": progress}
 
 
-def check_settings(method: Method, task: Task, settings: dict, trainer: dict, seed: int) -> None:
+def check_settings(method: Method, task: Task, settings: dict, seed: int) -> None:
     """Raise ``ValueError`` or ``TypeError`` naming the problem when ``method`` cannot take ``settings``,
     without simulating anything: a neural estimator is constructed (it validates every setting), a
     baseline's keywords are bound to its signature (unknown or missing keywords)."""
     if method.neural:
-        _estimator(method, task, settings, trainer, seed=seed, checkpoint_dir=None, progress=False)
+        _estimator(method, task, settings, seed=seed, checkpoint_dir=None, progress=False)
         return
     signature = inspect.signature(method.load())
     try:
@@ -185,7 +198,6 @@ def fit(
     *,
     seed: int,
     num_samples: int,
-    trainer: dict,
     checkpoint_dir: str,
     progress: bool,
     on_round: RoundCallback,
@@ -198,7 +210,7 @@ def fit(
         def round_end(index: int, posterior, num_simulations: int) -> None:  # estimators count rounds from 0
             on_round(index + 1, posterior.sample((num_samples,), seed=seed), num_simulations, posterior)
 
-        return _estimator(method, task, settings, trainer, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=round_end).run()
+        return _estimator(method, task, settings, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=round_end).run()
     result = method.load()(task, **_baseline_arguments(method, settings, seed, progress))
     draws = (method.draws or baseline_draws)(result, num_samples, torch.Generator().manual_seed(seed))
     on_round(1, draws, result.num_simulations, result)

@@ -81,6 +81,27 @@ def _cell(value) -> str:
     return str(value)
 
 
+#: What each column of the summary table means, and which direction is better.
+COLUMN_MEANINGS = {
+    "reference": "how the reference posterior was made (closed_form, rejection: exact; importance: approximate)",
+    "round": "rounds fitted",
+    "num_simulations": "simulations of the model used by the method",
+    "wall_time": "seconds spent fitting (scoring excluded)",
+    "c2st": "accuracy of a classifier telling the draws from the reference's: 0.5 = indistinguishable (best), 1 = disjoint",
+    "mmd": "maximum mean discrepancy between the draws and the reference's: lower is better, 0 = same distribution",
+    "nlog": "minus log posterior density (KDE of the draws) at the true parameter: lower is better",
+    "lmd": "log median distance between releases simulated from the draws and the observed release: lower is better",
+}
+
+
+def legend(rows: Iterable[dict]) -> str:
+    """One line per column of the summary table of ``rows`` that :data:`COLUMN_MEANINGS` explains."""
+    rows = list(rows)
+    shown = [c for c in COLUMN_MEANINGS if any(c in row for row in rows)]
+    width = max(map(len, shown), default=0)
+    return "\n".join(f"  {c.ljust(width)}  {COLUMN_MEANINGS[c]}" for c in shown)
+
+
 def format_table(rows: Iterable[dict], columns: Sequence[str] = SUMMARY_COLUMNS) -> str:
     """A fixed-width text table of ``rows`` over the ``columns`` that at least one row has."""
     rows = list(rows)

@@ -41,7 +41,7 @@ from ..files import BusyError, atomic_save, atomic_write, atomic_write_text, exc
 from ..inference import load_posterior
 from ..tasks import Task
 from . import config, methods
-from .outputs import format_table, read_draws, read_json, read_rows, write_draws, write_json, write_rows
+from .outputs import format_table, legend, read_draws, read_json, read_rows, write_draws, write_json, write_rows
 from .plots import metrics_plot, pair_plot
 from .reference import Reference, reference_posterior
 
@@ -137,7 +137,7 @@ def _fit_and_score(method: methods.Method, settings: dict, plan: config.Plan, cf
         scoring += time.perf_counter() - tic
 
     state = methods.fit(
-        method, task, settings, seed=int(cfg.seed), num_samples=int(cfg.evaluation.num_samples), trainer=plan.trainer,
+        method, task, settings, seed=int(cfg.seed), num_samples=int(cfg.evaluation.num_samples),
         checkpoint_dir=str(checkpoints), progress=bool(cfg.progress), on_round=on_round,
     )
     if not rows:
@@ -182,8 +182,8 @@ def _config_differences(stored: dict, current: dict) -> list[str]:
 
 
 def _print_summary(summary: list[dict], reference_note: str, last_line: str) -> None:
-    """Print the summary table (one row per method), the reference's note and ``last_line``."""
-    print(f"\n{format_table(summary)}\nreference: {reference_note}\n{last_line}")
+    """Print the summary table (one row per method), what its columns mean, the reference's note and ``last_line``."""
+    print(f"\n{format_table(summary)}\n{legend(summary)}\nreference: {reference_note}\n{last_line}")
 
 
 @contextlib.contextmanager

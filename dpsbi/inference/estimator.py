@@ -37,26 +37,34 @@ PROBE_ROWS = 2
 RoundCallback = Callable[[int, Posterior, int], None]
 
 
+def unexpected_keywords(estimator: str, keywords: dict) -> str:
+    """The error for keywords an estimator does not take; a training setting is pointed to ``training=``."""
+    training = {k: v for k, v in keywords.items() if k in TrainingSettings.field_names()}
+    message = f"{estimator} got unexpected keyword arguments {sorted(keywords)}"
+    if training:
+        message += f"; training settings go in training=dict({', '.join(f'{k}={v!r}' for k, v in training.items())})"
+    return message
+
+
 class SequentialEstimator(abc.ABC):
     """Base of the neural estimators. Subclasses say what the flow models (:meth:`flow_data`), which loss
     trains it in a round (:meth:`loss`), and which posterior it gives (:meth:`posterior`).
 
     Round ``r`` (0-based) draws ``sims_per_round`` parameters from the prior (``r = 0``) or from the
     current posterior at ``task.y_obs``, simulates their confidential summaries, holds out
-    ``validation_fraction`` of them for validation, and trains the flow (continuing from the previous
-    round's weights) on all simulations so far. With ``checkpoint_dir`` the state after each round is
-    written there and :meth:`run` resumes from the last finished round with the stored simulations, after
+    ``training.validation_fraction`` of them for validation, and trains the flow (continuing from the
+    previous round's weights) on all simulations so far. With ``checkpoint_dir`` the state after each round
+    is written there and :meth:`run` resumes from the last finished round with the stored simulations, after
     checking that the checkpoint was made by the same settings and the same task (prior, mechanism, epsilon,
     release, and the simulator: a few stored parameters are re-simulated with their stored seed).
     ``on_round_end(round_index, posterior, num_simulations)`` is called after each round.
 
     Arguments (defaults: the paper's settings): ``rounds`` x ``sims_per_round`` simulations;
     ``inner_samples`` releases per stored summary at every step, from scrambled Sobol points
-    (``qmc=True``, a power of two) or plain uniforms; ``flow``: a :class:`FlowConfig` or a dict of its
-    fields; Adam with ``lr`` and ``weight_decay`` on batches of ``batch_size``, gradient norm clipped at
-    ``clip``; a round stops when the validation loss has not improved for ``patience`` epochs (or after
-    ``max_epochs``); ``seed`` fixes every random draw; ``accelerator``, ``devices`` and ``precision``
-    go to Lightning's ``Trainer`` ("auto" uses a GPU when there is one); ``progress`` shows bars.
+    (``qmc=True``, a power of two) or plain uniforms. The grouped settings, each an instance or a dict of
+    its fields: ``flow`` (:class:`~dpsbi.inference.flows.FlowConfig`: the flow's architecture) and
+    ``training`` (:class:`~dpsbi.inference.training.TrainingSettings`: optimizer, early stopping, validation
+    split, Lightning device). ``seed`` fixes every random draw; ``progress`` shows bars.
     """
 
     method: ClassVar[str]
@@ -68,39 +76,33 @@ class SequentialEstimator(abc.ABC):
         sims_per_round: int = 1000,
         inner_samples: int = 32,
         qmc: bool = True,
+        *,
         flow: FlowConfig | dict | None = None,
-        batch_size: int = 100,
-        lr: float = 5e-4,
-        weight_decay: float = 1e-4,
-        clip: float = 5.0,
-        patience: int = 20,
-        max_epochs: int | None = None,
-        validation_fraction: float = 0.05,
+        training: TrainingSettings | dict | None = None,
         seed: int = 0,
-        accelerator: str = "auto",
-        devices: int | str | list = 1,
-        precision: str | int = "32-true",
         checkpoint_dir: str | os.PathLike | None = None,
         progress: bool = True,
         on_round_end: RoundCallback | None = None,
+        **unknown,
     ) -> None:
+        if unknown:
+            raise TypeError(unexpected_keywords(type(self).__name__, unknown))
         if int(rounds) < 1 or int(sims_per_round) < 2 or int(inner_samples) < 1:
             raise ValueError(
                 f"need rounds >= 1, sims_per_round >= 2 and inner_samples >= 1, got {rounds}, {sims_per_round}, {inner_samples}"
             )
         if qmc and inner_samples & (inner_samples - 1):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
-        if not 0 < validation_fraction < 1 or round(validation_fraction * sims_per_round) >= sims_per_round:
-            raise ValueError(f"validation_fraction must leave training data in (0, 1), got {validation_fraction}")
+        self.settings = TrainingSettings.coerce(training)
+        if round(self.settings.validation_fraction * sims_per_round) >= sims_per_round:
+            raise ValueError(f"validation_fraction={self.settings.validation_fraction} leaves no training data of {sims_per_round} simulations")
         task.validate()
         if rounds > 1 and task.y_obs is None:
             raise ValueError(f"sequential rounds propose at task.y_obs, but task {task.name!r} has none")
         self.task, self.space = task, ParameterSpace(task)
         self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
         self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
-        self.flow_config = FlowConfig.coerce(flow)
-        self.settings = TrainingSettings(batch_size, lr, weight_decay, clip, patience, max_epochs, accelerator, devices, precision)
-        self.validation_fraction, self.seed = float(validation_fraction), int(seed)
+        self.flow_config, self.seed = FlowConfig.coerce(flow), int(seed)
         self.checkpoint_path = Path(checkpoint_dir) / "checkpoint.pt" if checkpoint_dir is not None else None
         self.progress, self.on_round_end = bool(progress), on_round_end
         self.flow: ConditionalFlow | None = None
@@ -193,7 +195,7 @@ class SequentialEstimator(abc.ABC):
             theta, s, generator = self._draw_and_simulate(r, posterior)
         n = theta.shape[0]
         validation = torch.zeros(n, dtype=torch.bool, device=theta.device)
-        validation[torch.randperm(n, generator=generator, device=theta.device)[: max(1, round(self.validation_fraction * n))]] = True
+        validation[torch.randperm(n, generator=generator, device=theta.device)[: max(1, round(self.settings.validation_fraction * n))]] = True
         new = {"theta": theta, "s": s, "round": torch.full((n,), r, device=theta.device), "validation": validation}
         self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
 
@@ -248,7 +250,6 @@ class SequentialEstimator(abc.ABC):
             "qmc": self.qmc,
             "flow": self.flow_config.to_dict(),
             "training": self.settings.to_dict(),
-            "validation_fraction": self.validation_fraction,
             "seed": self.seed,
             **self.options(),
         }

@@ -11,20 +11,27 @@ from .training import Loss
 
 
 class NaiveNPE(SequentialEstimator):
-    """NPE on ``(theta, s)`` pairs from the prior (``sims`` of them, one round): the same flow as SPPE
-    but trained on the confidential summaries and then evaluated at the release ``y_obs`` as if it were
-    one. Its posterior ignores the mechanism's noise (overconfident, biased). Takes the training
-    arguments of :class:`~dpsbi.inference.estimator.SequentialEstimator`."""
+    """NPE on ``(theta, s)`` pairs from the prior: the same flow as SPPE but trained on the confidential
+    summaries and then evaluated at the release ``y_obs`` as if it were one. Its posterior ignores the
+    mechanism's noise (overconfident, biased).
+
+    ``rounds`` and ``sims_per_round`` are the simulation budget of the sequential methods, spent at once:
+    NaiveNPE trains one round on ``rounds * sims_per_round`` prior draws (the defaults, 10 x 1000, match
+    SPPE's and SPLE's), so that one budget gives every neural method the same number of simulations. Takes
+    the keyword arguments of :class:`~dpsbi.inference.estimator.SequentialEstimator` (``flow``,
+    ``training``, ``seed``, ...); it uses one release per summary (``inner_samples=1``, no RQMC)."""
 
     method = "NaiveNPE"
 
-    def __init__(self, task: Task, sims: int = 1000, **kwargs) -> None:
+    def __init__(self, task: Task, rounds: int = 10, sims_per_round: int = 1000, **kwargs) -> None:
         if task.mechanism.input_dim != task.dim_s:
             raise ValueError(
                 f"NaiveNPE conditions on the confidential summary in place of the release, but task {task.name!r} "
                 f"releases {task.dim_s} numbers from a summary of {task.mechanism.input_dim}"
             )
-        super().__init__(task, rounds=1, sims_per_round=sims, inner_samples=1, qmc=False, **kwargs)
+        if int(rounds) < 1 or int(sims_per_round) < 2:
+            raise ValueError(f"need rounds >= 1 and sims_per_round >= 2, got {rounds}, {sims_per_round}")
+        super().__init__(task, 1, int(rounds) * int(sims_per_round), 1, False, **kwargs)
 
     def flow_data(self, z, s, generator):
         return z, s

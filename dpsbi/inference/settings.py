@@ -17,11 +17,16 @@ class Settings:
             return value
         if not isinstance(value, dict):
             raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
-        known = [f.name for f in fields(cls)]
+        known = cls.field_names()
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise ValueError(f"unknown {cls.label} settings {unknown}; known: {known}")
         return cls(**value)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The names of the settings, in their order."""
+        return [f.name for f in fields(cls)]
 
     def to_dict(self) -> dict:
         return asdict(self)

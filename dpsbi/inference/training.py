@@ -25,7 +25,11 @@ Loss = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], Tensor]
 
 @dataclass(frozen=True)
 class TrainingSettings(Settings):
-    """Optimizer and trainer settings of every round (defaults: the paper's)."""
+    """Settings of every round's training (defaults: the paper's): Adam with ``lr`` and ``weight_decay`` on
+    batches of ``batch_size``, gradient norm clipped at ``clip``; a round stops when the validation loss has
+    not improved for ``patience`` epochs (or after ``max_epochs``, ``None``: no limit); ``validation_fraction``
+    of each round's simulations are held out for that loss; ``accelerator``, ``devices`` and ``precision`` go
+    to Lightning's ``Trainer`` ("auto" uses a GPU when there is one)."""
 
     label: ClassVar[str] = "training"
     batch_size: int = 100
@@ -34,6 +38,7 @@ class TrainingSettings(Settings):
     clip: float = 5.0
     patience: int = 20
     max_epochs: int | None = None
+    validation_fraction: float = 0.05
     accelerator: str = "auto"
     devices: int | str | list = 1
     precision: str | int = "32-true"
@@ -46,6 +51,7 @@ class TrainingSettings(Settings):
             "clip": self.clip > 0,
             "patience": self.patience >= 1,
             "max_epochs": self.max_epochs is None or self.max_epochs >= 1,
+            "validation_fraction": 0 < self.validation_fraction < 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
