@@ -132,7 +132,7 @@ def sample(argv: list[str] | None = None) -> None:
     run's observed release) and write them as CSV."""
     parser = argparse.ArgumentParser(prog="dpsbi-sample", description=sample.__doc__)
     parser.add_argument("target", type=Path, help="a run directory of dpsbi-run, or a saved posterior (.pt)")
-    parser.add_argument("--release", help="the release, comma or space separated (default: the run's y_obs)")
+    parser.add_argument("--release", help="the release, comma or space separated (default: the run's y_obs); write --release=-0.4,2.9 when it starts with a minus")
     parser.add_argument("--release-file", help="a file holding the release (.csv/.txt, .npy, .pt, .json)")
     parser.add_argument("--method", help="which method of the run (default: the run's main method)")
     parser.add_argument("-n", "--num-samples", type=int, default=1000)
