@@ -107,11 +107,12 @@ class Posterior(abc.ABC):
         return self._log_prob(theta, y)
 
     @torch.no_grad()
-    def map(self, y: Tensor | None = None, num_init: int = 1000, num_to_optimize: int = 100, steps: int = 1000, lr: float = 0.01, seed: int | None = None) -> Tensor:
+    def map(self, y: Tensor | None = None, num_init: int = 1000, num_to_optimize: int = 10, steps: int = 200, lr: float = 0.05, seed: int | None = None) -> Tensor:
         """The posterior's mode ``(dim_theta,)`` at release ``y``, as sbi finds it: the ``num_to_optimize`` best of
         ``num_init`` posterior draws, each moved by ``steps`` Adam steps of rate ``lr`` up the log density (of
         ``theta``, in the prior's space) in the unconstrained space; the best point seen is returned.
-        ``seed`` fixes the draws."""
+        ``seed`` fixes the draws. The defaults take a few seconds on a CPU (sbi's, 100 points x 1000 steps at
+        rate 0.01, took 40 s for a 2-parameter posterior)."""
         if min(num_init, num_to_optimize) < 1 or steps < 0 or not lr > 0:
             raise ValueError(f"map needs num_init, num_to_optimize >= 1, steps >= 0 and lr > 0, got {num_init}, {num_to_optimize}, {steps}, {lr}")
         y = self._releases(y, single=True)
