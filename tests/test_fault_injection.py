@@ -1,0 +1,31 @@
+"""Fault injection: damaged posterior, checkpoint and reference-cache files; two runs racing into one
+directory. None may load silently, lose or mix anything. These are trials of ``scripts/fault_injection.py``
+at small counts; its full report (runs and sweeps killed with SIGKILL at random points, concurrent runs and
+sweeps, hundreds of damaged files) is in docs/RESULTS.md. A run killed with SIGKILL and resumed to the
+uninterrupted result, and a sweep rerun over its finished points, are tested in tests/test_runs.py (each
+``dpsbi-run`` process costs ~10 s of imports, so the kill trials at counts live in the script)."""
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+from dpsbi.faults import DIFFERENT
+from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
+
+_spec = importlib.util.spec_from_file_location("fault_injection", Path(__file__).parents[1] / "scripts" / "fault_injection.py")
+faults = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(faults)
+
+
+@pytest.mark.parametrize("trials", [faults.checkpoint_trials, faults.posterior_trials, faults.cache_trials])
+def test_damaged_files_are_refused_or_recomputed_never_used(trials, tmp_path):
+    counts = trials(tmp_path, random.Random(0), flips=30, truncations=10)
+    assert counts[DIFFERENT] == 0 and sum(counts.values()) == 40, counts
+    assert counts[faults.IDENTICAL] <= 8, counts  # damage invisible to the reader (archive padding) is rare
+
+
+def test_two_runs_racing_into_one_directory_never_mix(tmp_path):
+    counts = faults.race_trial(tmp_path)
+    assert counts["one run, complete and unmixed"] == 1 and counts["1 of 2 refused as busy"] == 1, counts
