@@ -151,9 +151,8 @@ def sample(argv: list[str] | None = None) -> None:
         if y is not None and task is not None:
             y = task.check_release(y)
         posterior = load_posterior(path)
-        torch.manual_seed(args.seed)
-        draws = posterior.sample((args.num_samples,), y=y).detach().cpu()
-    except ValueError as error:
+        draws = posterior.sample((args.num_samples,), y=y, seed=args.seed).detach().cpu()
+    except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
     names = (task or posterior.task).parameter_names
     if args.output is not None:

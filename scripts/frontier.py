@@ -1,0 +1,166 @@
+"""Accuracy per second of compute: C2ST against the task's validated reference after every round, against
+wall time and simulations, for SPPE and SPLE over inner releases M and plain MC vs RQMC.
+
+    python scripts/frontier.py run --task regression --epsilon 1 --method sppe --configs 1:mc,8:rqmc \\
+        --rounds 6 --sims-per-round 1000 --max-epochs 20 --seconds 600 --seeds 0 --out frontier.jsonl
+    python scripts/frontier.py report frontier.jsonl --figure docs/figures/frontier.png
+
+``run`` appends one JSON line per round to ``--out`` as it goes (a killed run loses at most a round; a
+configuration and seed already complete in the file is skipped), and stops a configuration after the
+first round that ends past ``--seconds`` of fitting. Wall time counts simulation, training and the 2000
+draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. ``report`` prints
+a markdown table (per configuration: the first time and simulation count at which C2ST <= 0.55, the best
+C2ST, and its time) and draws C2ST against time and against simulations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import dpsbi
+from dpsbi.experiment.config import build_task
+from dpsbi.experiment.reference import reference_posterior
+
+#: Reference settings: those of configs/config.yaml.
+REFERENCE = dict(num_samples=2000, pilot_simulations=1000, max_simulations=20_000_000, importance_particles=5000, importance_draws=1_000_000)
+TARGET = 0.55
+DRAWS = 2000
+
+
+def parse_configs(text: str) -> list[tuple[int, bool]]:
+    """``"1:mc,8:rqmc"`` as ``[(1, False), (8, True)]``."""
+    configs = []
+    for item in text.split(","):
+        m, kind = item.split(":")
+        if kind not in ("mc", "rqmc"):
+            raise SystemExit(f"configuration {item!r}: the kind must be mc or rqmc")
+        configs.append((int(m), kind == "rqmc"))
+    return configs
+
+
+def done(out: Path) -> set[tuple]:
+    """``(method, M, qmc, seed)`` of the configurations the output file holds as complete."""
+    if not out.is_file():
+        return set()
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {(r["method"], r["inner_samples"], r["qmc"], r["seed"]) for r in rows if r.get("last")}
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    task_config = {"name": args.task, "epsilon": args.epsilon, **({"simulator": args.simulator} if args.simulator else {})}
+    task = build_task(task_config)
+    reference = reference_posterior(task, task_config, cache_dir=Path("~/.cache/dpsbi/references").expanduser(), seed=0, progress=False, **REFERENCE)
+    print(f"reference: {reference.note}", flush=True)
+    finished = done(args.out)
+    estimator = {"sppe": dpsbi.SPPE, "sple": dpsbi.SPLE}[args.method]
+    for seed in args.seeds:
+        for m, qmc in parse_configs(args.configs):
+            if (args.method, m, qmc, seed) in finished:
+                continue
+            fit_configuration(estimator, task, task_config, reference.samples, m, qmc, seed, args)
+
+
+def fit_configuration(estimator, task, task_config: dict, reference: torch.Tensor, m: int, qmc: bool, seed: int, args) -> None:
+    """Fit one configuration round by round, appending a JSON line per round; stops after ``args.seconds``."""
+    clock = {"start": time.perf_counter(), "scoring": 0.0}
+
+    class Enough(Exception):
+        pass
+
+    def on_round(index: int, posterior, num_simulations: int) -> None:
+        draws = posterior.sample((DRAWS,), seed=seed)
+        elapsed = time.perf_counter() - clock["start"] - clock["scoring"]
+        tic = time.perf_counter()
+        c2st = dpsbi.metrics.c2st(draws.cpu(), reference, seed=0)
+        last = elapsed > args.seconds or index + 1 == args.rounds
+        row = {"task": args.task, "epsilon": args.epsilon, "simulator": args.simulator or "default", "method": args.method,
+               "inner_samples": m, "qmc": qmc, "seed": seed, "round": index + 1, "num_simulations": num_simulations,
+               "seconds": round(elapsed, 2), "c2st": round(c2st, 4), "last": last}
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+        clock["scoring"] += time.perf_counter() - tic
+        if last:
+            raise Enough
+
+    kwargs = dict(rounds=args.rounds, sims_per_round=args.sims_per_round, inner_samples=m, qmc=qmc, seed=seed,
+                  training=dict(max_epochs=args.max_epochs), progress=False, on_round_end=on_round)
+    try:
+        estimator(task, **kwargs).run()
+    except Enough:
+        pass
+
+
+def report(args: argparse.Namespace) -> None:
+    rows = [json.loads(line) for path in args.files for line in Path(path).read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["epsilon"], r["simulator"], r["method"], r["inner_samples"], r["qmc"], r["seed"]), []).append(r)
+    print("| task | epsilon | method | M | kind | seed | first C2ST <= 0.55 (s / simulations) | best C2ST (at s, round) | rounds |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for key, rs in sorted(groups.items()):
+        rs.sort(key=lambda r: r["round"])
+        hit = next((r for r in rs if r["c2st"] <= TARGET), None)
+        best = min(rs, key=lambda r: r["c2st"])
+        first = f"{hit['seconds']:.0f} s / {hit['num_simulations']}" if hit else "not reached"
+        task, eps, sim, method, m, qmc, seed = key
+        print(f"| {task}{'' if sim == 'default' else f' ({sim})'} | {eps:g} | {method.upper()} | {m} | {'RQMC' if qmc else 'MC'} | {seed} | {first} | {best['c2st']:.3f} ({best['seconds']:.0f} s, {best['round']}) | {len(rs)} |")
+    if args.figure:
+        plot(groups, args.figure)
+
+
+def plot(groups: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(k[0], k[1], k[3]) for k in groups})
+    fig, axes = plt.subplots(len(panels), 2, figsize=(10, 3.2 * len(panels)), squeeze=False)
+    for row, panel in enumerate(panels):
+        for key, rs in sorted(groups.items()):
+            if (key[0], key[1], key[3]) != panel:
+                continue
+            rs = sorted(rs, key=lambda r: r["round"])
+            label = f"M={key[4]} {'RQMC' if key[5] else 'MC'} seed {key[6]}"
+            for ax, x in zip(axes[row], ("seconds", "num_simulations")):
+                ax.plot([r[x] for r in rs], [r["c2st"] for r in rs], marker="o", label=label)
+        for ax, x in zip(axes[row], ("wall time (s, one core)", "simulations")):
+            ax.axhline(TARGET, color="grey", lw=0.8, ls="--")
+            ax.set(xlabel=x, ylabel="C2ST vs reference", title=f"{panel[2].upper()}, {panel[0]}, epsilon {panel[1]:g}")
+        axes[row][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"figure: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    r = commands.add_parser("run")
+    r.add_argument("--task", required=True)
+    r.add_argument("--epsilon", type=float, required=True)
+    r.add_argument("--simulator", help="task.simulator (sir: exact or tau_leap)")
+    r.add_argument("--method", choices=("sppe", "sple"), required=True)
+    r.add_argument("--configs", default="1:mc,4:rqmc,8:mc,8:rqmc,32:rqmc", help="M:kind list, kind mc or rqmc")
+    r.add_argument("--rounds", type=int, default=6)
+    r.add_argument("--sims-per-round", type=int, default=1000)
+    r.add_argument("--max-epochs", type=int, default=20)
+    r.add_argument("--seconds", type=float, default=600, help="stop a configuration after the round that ends past this")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument("--out", type=Path, required=True)
+    p = commands.add_parser("report")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--figure", type=Path)
+    args = parser.parse_args()
+    run(args) if args.command == "run" else report(args)
+
+
+if __name__ == "__main__":
+    main()
