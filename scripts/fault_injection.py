@@ -137,6 +137,7 @@ def race_trial(work: Path) -> Counter:
     number of draws its ``config.yaml`` asks for (nothing of the other run), and the other run must be
     refused as busy. Cheaper than :func:`concurrent_trials` (no reference runs)."""
     target = work / "shared"
+    work.mkdir(parents=True, exist_ok=True)
     processes = [start([*RUN, f"evaluation.num_samples={n}", f"hydra.run.dir={target}"], work) for n in (200, 300)]
     texts = [p.communicate()[0] for p in processes]
     wanted = OmegaConf.load(target / "config.yaml").evaluation.num_samples
@@ -159,6 +160,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("fault_injection.json"))
     parser.add_argument("--work", type=Path, help="working directory (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", help="run the trials whose names contain one of these words (the report keeps the others' results)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     n = dict(flips=10, truncations=3, kills=1, pairs=1) if args.quick else dict(flips=200, truncations=50, kills=10, pairs=4)
@@ -174,8 +176,10 @@ def main() -> None:
         "two runs racing into one directory": lambda: sum((race_trial(work / f"race_{k}") for k in range(n["pairs"])), Counter()),
         "concurrent sweeps, one directory": lambda: concurrent_trials(work / "concurrent_sweep", max(n["pairs"] // 2, 1), sweep=True),
     }
-    report = {}
+    report = json.loads(args.out.read_text()) if args.only and args.out.is_file() else {}
     for name, trial in trials.items():
+        if args.only and not any(word in name for word in args.only):
+            continue
         began = time.perf_counter()
         counts = trial()
         report[name] = {"outcomes": dict(counts), "trials": _trials(counts), "seconds": round(time.perf_counter() - began, 1)}
