@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import dpsbi
-from dpsbi.experiment import ConfigError, config_dir, methods, reference, run_experiment, runner
+from dpsbi.experiment import ConfigError, methods, reference, run_experiment, runner
 from dpsbi.experiment.outputs import read_rows
 from dpsbi.files import exclusive
+from test_experiments import config, hydra_configs  # noqa: F401  (autouse fixture: Hydra initialised for the module)
 
 #: The smallest budgets: a closed-form reference (nothing to simulate for it) and cheap metrics.
 QUICK = ["task=conjugate_gaussian", "companions=[]", "progress=false", "plots=false", "trainer=cpu", "evaluation.num_samples=200",
@@ -31,16 +31,6 @@ REJECTION = ["method=rejection_abc", "method.num_samples=200"]
 def sppe_budget(rounds: int) -> str:
     """SPPE's budget as a ``method_settings`` override (it then holds as main method and as companion)."""
     return f"+method_settings.sppe={{rounds: {rounds}, sims_per_round: 100, inner_samples: 4, training: {{max_epochs: 2}}, flow: {FLOW}}}"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hydra_configs():
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        yield
-
-
-def config(*overrides: str, hydra: bool = False):
-    return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 
 
 def _cli(*args: str, cwd: Path, output=subprocess.PIPE) -> subprocess.Popen:
