@@ -15,6 +15,16 @@ def _sobol_integers(m: int, d: int, device) -> Tensor:
     return (points * (1 << BITS)).to(device=device, dtype=torch.int64)
 
 
+def cell_points(m: int, d: int, device=None, dtype: torch.dtype | None = None) -> Tensor:
+    """``m`` fixed points in ``[0, 1)^d``, shape ``(m, d)``: the first ``m`` unscrambled Sobol points shifted by
+    ``1 / (2m)``, so each coordinate takes the midpoints of ``m`` equal strata (``m = 1``: the centre). A
+    deterministic quadrature rule for averages over a cell."""
+    if int(m) < 1 or m & (m - 1):
+        raise ValueError(f"m must be a power of two, got {m}")
+    points = torch.quasirandom.SobolEngine(d, scramble=False).draw(m, dtype=torch.float64)
+    return ((points + 0.5 / m) % 1.0).to(device=device, dtype=dtype or torch.get_default_dtype())
+
+
 def sobol(
     n: int,
     m: int,

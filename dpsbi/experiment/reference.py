@@ -1,6 +1,7 @@
 """Reference posteriors that runs are scored against, cached on disk per (task, epsilon, release).
 
-``auto`` picks, in order: the task's closed-form posterior (drawn directly, never cached); exact rejection ABC
+``auto`` picks, in order: the task's closed-form posterior (drawn directly, never cached); a reference stored
+in the repository for exactly this model and release (``stored``: see :mod:`.stored_references`); exact rejection ABC
 with the mechanism as kernel (Gong, Alg. 1) when a pilot says it fits in ``max_simulations``; otherwise
 importance sampling of the exact private posterior (mechanism as kernel) from a defensive mixture fitted to
 the last generation of ``smc_abc(kernel="mechanism")``: consistent but not exact, so the reference is flagged
@@ -23,9 +24,10 @@ from torch.distributions import Categorical, Distribution, MixtureSameFamily, Mu
 
 from ..files import CorruptFileError, atomic_write_text, exclusive, load_sealed, save_sealed
 from ..tasks import Task
+from . import stored_references
 from .methods import baseline_draws
 
-KINDS = ("auto", "closed_form", "rejection", "importance", "none")
+KINDS = ("auto", "closed_form", "stored", "rejection", "importance", "none")
 
 
 @dataclass
@@ -111,6 +113,18 @@ def _closed_form(task: Task, num_samples: int, seed: int) -> Reference:
         torch.manual_seed(seed)
         samples = task.exact_posterior(task.y_obs).sample((num_samples,))
     return Reference(samples, "closed_form", True, "exact draws from the task's closed-form posterior")
+
+
+def _stored(task: Task, num_samples: int) -> Reference | None:
+    """The first ``num_samples`` draws (stored in random order) of the repository's reference for ``task``, else ``None``."""
+    found = stored_references.find(task)
+    if found is None:
+        return None
+    draws, provenance = found
+    if draws.shape[0] < num_samples:
+        warnings.warn(f"the stored reference for {task.name} holds {draws.shape[0]} draws, fewer than the {num_samples} asked for; using them all", stacklevel=3)
+    note = f"stored reference ({provenance['method']}; ESS {provenance['ess']:.0f} of {provenance['importance_draws']} draws; made by: {provenance['command']})"
+    return Reference(draws[:num_samples], "stored", False, note, int(provenance["importance_draws"]))
 
 
 def _cache_path(cache_dir: Path, task: Task, task_config: dict, key: dict) -> Path:
@@ -201,6 +215,12 @@ def reference_posterior(
         return _closed_form(task, num_samples, seed)
     if method == "closed_form":
         raise ValueError(f"task {task.name!r} has no closed-form posterior; use reference.method=auto")
+    if method in ("auto", "stored"):
+        stored = _stored(task, num_samples)
+        if stored is not None:
+            return stored
+        if method == "stored":
+            raise ValueError(f"no stored reference in {stored_references.STORE} matches task {task.name!r} (model, epsilon and release)")
     task.require_mechanism_release(f"reference.method={method}")
 
     def compute() -> Reference:

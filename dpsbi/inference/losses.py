@@ -18,16 +18,31 @@ from ..mechanisms import Mechanism
 from ..qmc import uniforms
 
 
+def dequantized(y: Tensor, mechanism: Mechanism, v: Tensor) -> Tensor:
+    """Lattice releases ``y (..., dim)`` spread over their cells: ``y + h v`` for ``v`` in ``[0, 1)^dim``, ``h`` the
+    mechanism's :attr:`~dpsbi.mechanisms.Mechanism.lattice` spacing. A density of ``y + h v`` with ``v`` uniform
+    integrates over a cell to the probability of its lattice point (uniform dequantization)."""
+    if mechanism.lattice is None:
+        raise ValueError(f"{mechanism!r} releases values with a density: there is nothing to dequantize")
+    return y + mechanism.lattice * v.to(y)
+
+
 def inner_releases(
     s: Tensor,
     mechanism: Mechanism,
     inner_samples: int,
     qmc: bool = True,
     generator: torch.Generator | None = None,
+    dequantize: bool = False,
 ) -> Tensor:
-    """Releases ``y_ij = G(s_i, u_ij)`` of shape ``(N, M, dim_s)`` for confidential summaries ``s (N, dim_s)``."""
-    u = uniforms(s.shape[0], inner_samples, mechanism.noise_dim, qmc=qmc, generator=generator, device=s.device, dtype=s.dtype)
-    return mechanism.sample(s.unsqueeze(-2), u)
+    """Releases ``y_ij = G(s_i, u_ij)`` of shape ``(N, M, dim_s)`` for confidential summaries ``s (N, dim_s)``.
+
+    ``dequantize``: lattice releases spread over their cells (:func:`dequantized`), the cell offset taken from
+    extra coordinates of the same RQMC point as the mechanism noise, so that one point set integrates both."""
+    extra = mechanism.dim if dequantize else 0
+    u = uniforms(s.shape[0], inner_samples, mechanism.noise_dim + extra, qmc=qmc, generator=generator, device=s.device, dtype=s.dtype)
+    y = mechanism.sample(s.unsqueeze(-2), u[..., : mechanism.noise_dim])
+    return dequantized(y, mechanism, u[..., mechanism.noise_dim :]) if dequantize else y
 
 
 def atom_indices(batch: int, atoms: int, generator: torch.Generator | None = None, device=None) -> Tensor:
@@ -96,11 +111,15 @@ def sple_loss(
     qmc: bool = True,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
+    dequantize: bool = False,
 ) -> Tensor:
     """SPLE loss of a likelihood flow ``q(y | theta)``: ``-mean_ij log q(y_ij | theta_i)`` over
     ``M = inner_samples`` fresh releases ``y_ij`` of each ``s_i``; ``theta (N, d)``, ``s (N, dim_s)``.
-    ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean."""
-    y = inner_releases(s, mechanism, inner_samples, qmc, generator)
+    ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean. ``dequantize`` (lattice
+    mechanisms): ``q`` models ``y + h v`` instead (:func:`inner_releases`), a proper density whose mass on a
+    release's cell estimates the release's probability; without it, maximum likelihood can pile density on
+    the lattice points without bound."""
+    y = inner_releases(s, mechanism, inner_samples, qmc, generator, dequantize)
     return _reduce(-flow.log_prob(y, theta.unsqueeze(-2)), reduction)
 
 

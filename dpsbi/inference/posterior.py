@@ -24,7 +24,9 @@ from .. import tasks
 from ..files import CorruptFileError, load_sealed, save_sealed
 from ..tasks import Task
 from ..tasks.identity import differences, identity
+from ..qmc import cell_points
 from .flows import ConditionalFlow, FlowConfig
+from .losses import dequantized
 from .mcmc import MCMCConfig, resample_init, slice_sample
 from .parameters import ParameterSpace
 from .seeding import draw_seed, make_generator
@@ -262,21 +264,51 @@ class FlowPosterior(Posterior):
 
 class LikelihoodPosterior(Posterior):
     """``prior(theta) q(y | theta)`` for a likelihood flow ``q``, sampled by slice sampling in the
-    unconstrained space; ``log_prob`` is unnormalized (exact up to a constant in ``theta``)."""
+    unconstrained space; ``log_prob`` is unnormalized (exact up to a constant in ``theta``).
+
+    ``dequantized``: ``q`` was trained on lattice releases spread over their cells (``y + h v``, see
+    :func:`~dpsbi.inference.losses.dequantized`), and the likelihood of a release ``y`` is ``q``'s mass on
+    its cell, ``h^dim mean_k q(y + h v_k | theta)`` over ``cell_points`` fixed points ``v_k``
+    (:func:`~dpsbi.qmc.cell_points`): a probability, summing to one over the lattice.
+    """
 
     kind = "likelihood"
 
-    def __init__(self, task: Task, flow: ConditionalFlow, method: str, mcmc: MCMCConfig | dict | None = None, progress: bool = False) -> None:
+    def __init__(
+        self,
+        task: Task,
+        flow: ConditionalFlow,
+        method: str,
+        mcmc: MCMCConfig | dict | None = None,
+        progress: bool = False,
+        dequantized: bool = False,
+        cell_points: int = 8,
+    ) -> None:
         super().__init__(task, flow, method)
         self.mcmc = MCMCConfig.coerce(mcmc)
         self.progress = progress
+        self.dequantized, self.cell_points = bool(dequantized), int(cell_points)
+        if self.dequantized and task.mechanism.lattice is None:
+            raise ValueError(f"a dequantized likelihood needs a lattice mechanism; {task.mechanism!r} has none")
 
     def options(self) -> dict:
-        return {"mcmc": self.mcmc.to_dict()}
+        return {"mcmc": self.mcmc.to_dict(), "dequantized": self.dequantized, "cell_points": self.cell_points}
+
+    def log_likelihood_z(self, y: Tensor, z: Tensor) -> Tensor:
+        """``log q(y | z)`` for releases ``y (..., dim_s)`` broadcasting with ``z (..., dim)``; with a dequantized
+        flow, the log of its mass on ``y``'s lattice cell."""
+        if not self.dequantized:
+            return self.flow.log_prob(y, z)
+        lattice, dim = self.task.mechanism.lattice, y.shape[-1]
+        v = cell_points(self.cell_points, dim, device=y.device, dtype=y.dtype)  # (K, dim)
+        shape = torch.broadcast_shapes(y.shape[:-1], z.shape[:-1])
+        cells = dequantized(y.expand(shape + (dim,)).unsqueeze(-2), self.task.mechanism, v)  # (..., K, dim)
+        log_q = self.flow.log_prob(cells, z.expand(shape + z.shape[-1:]).unsqueeze(-2))  # (..., K)
+        return torch.logsumexp(log_q, -1) - math.log(self.cell_points) + dim * math.log(lattice)
 
     def log_density_z(self, z: Tensor, y: Tensor) -> Tensor:
         """Unnormalized log posterior in ``z``: ``log p_z(z) + log q(y | z)``, shape ``z.shape[:-1]``."""
-        return self.space.log_prior_z(z) + self.flow.log_prob(y, z)
+        return self.space.log_prior_z(z) + self.log_likelihood_z(y, z)
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
         """One slice-sampling run per release (a loop over the ``B`` rows of ``y``), stacked to ``(n, B, dim)``."""
@@ -296,7 +328,7 @@ class LikelihoodPosterior(Posterior):
         return slice_sample(lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress)
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
-        return self.task.prior.log_prob(self.space.to_theta(z.to(self.space.device))).to(self.device) + self.flow.log_prob(y, z)
+        return self.task.prior.log_prob(self.space.to_theta(z.to(self.space.device))).to(self.device) + self.log_likelihood_z(y, z)
 
 
 _KINDS = {cls.kind: cls for cls in (FlowPosterior, LikelihoodPosterior)}

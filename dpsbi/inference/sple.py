@@ -3,9 +3,11 @@ posterior ``prior x q(y_obs | .)`` sampled by MCMC."""
 
 from __future__ import annotations
 
+import torch
+
 from ..tasks import Task
 from .estimator import SequentialEstimator
-from .losses import sple_loss
+from .losses import dequantized, sple_loss
 from .mcmc import MCMCConfig
 from .posterior import LikelihoodPosterior
 from .training import Loss
@@ -16,30 +18,52 @@ class SPLE(SequentialEstimator):
 
     Trains ``q(y | theta)`` on ``-mean log q(y_ij | theta_i)`` with ``inner_samples`` fresh releases per
     stored summary; each later round proposes from ``prior(theta) q(y_obs | theta)`` by slice sampling
-    (``mcmc``: an :class:`~dpsbi.inference.mcmc.MCMCConfig` or a dict of its fields). See
+    (``mcmc``: an :class:`~dpsbi.inference.mcmc.MCMCConfig` or a dict of its fields). Releases on a lattice
+    (binomial counts, randomized response) are dequantized (``dequantize=True``, the default): the flow models
+    ``y + h v`` with ``v`` uniform on the cell, drawn from the same RQMC points as the mechanism noise, and the
+    likelihood of ``y_obs`` is the flow's mass on its cell (``cell_points`` quadrature points). See
     :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
     """
 
     method = "SPLE"
 
-    def __init__(self, task: Task, rounds: int = 10, sims_per_round: int = 1000, inner_samples: int = 32, qmc: bool = True, mcmc: MCMCConfig | dict | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        task: Task,
+        rounds: int = 10,
+        sims_per_round: int = 1000,
+        inner_samples: int = 32,
+        qmc: bool = True,
+        mcmc: MCMCConfig | dict | None = None,
+        dequantize: bool = True,
+        cell_points: int = 8,
+        **kwargs,
+    ) -> None:
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         self.mcmc = MCMCConfig.coerce(mcmc)
+        self.dequantize = bool(dequantize) and task.mechanism.lattice is not None
+        self.cell_points = int(cell_points)
+        if self.cell_points < 1 or self.cell_points & (self.cell_points - 1):
+            raise ValueError(f"cell_points must be a power of two, got {cell_points}")
 
     def options(self) -> dict:
-        return {"mcmc": self.mcmc.to_dict()}
+        return {"mcmc": self.mcmc.to_dict(), "dequantize": self.dequantize, "cell_points": self.cell_points}
 
     def flow_data(self, z, s, generator):
-        return self.task.release(s, generator=generator), z
+        y = self.task.release(s, generator=generator)
+        if self.dequantize:
+            y = dequantized(y, self.task.mechanism, torch.rand(y.shape, generator=generator, device=y.device, dtype=y.dtype))
+        return y, z
 
     def loss(self, round_index: int) -> Loss:
-        mechanism, m, qmc = self.task.mechanism, self.inner_samples, self.qmc
+        mechanism, m, qmc, dequantize = self.task.mechanism, self.inner_samples, self.qmc, self.dequantize
 
         def loss(flow, batch, generator):
             z, s = batch
-            return sple_loss(flow, z, s, mechanism, m, qmc, generator)
+            return sple_loss(flow, z, s, mechanism, m, qmc, generator, dequantize=dequantize)
 
         return loss
 
     def posterior(self, round_index: int) -> LikelihoodPosterior:
-        return LikelihoodPosterior(self.task, self._posterior_flow(), self.method, self.mcmc, progress=self.progress)
+        flow = self._posterior_flow()
+        return LikelihoodPosterior(self.task, flow, self.method, self.mcmc, self.progress, self.dequantize, self.cell_points)

@@ -36,6 +36,10 @@ class Mechanism(abc.ABC):
     ``(N, M, noise_dim)`` gives releases of shape ``(N, M, dim)``.
     """
 
+    #: Spacing ``h`` of the lattice the releases lie on (every coordinate a multiple of ``h``), or ``None`` for
+    #: releases with a density. A likelihood flow models a lattice release dequantized, ``y + h v``, ``v ~ U[0, 1)^dim``.
+    lattice: float | None = None
+
     def __init__(self, dim: int, epsilon: float, delta: float = 0.0) -> None:
         if int(dim) < 1:
             raise ValueError(f"dim must be a positive integer, got {dim}")

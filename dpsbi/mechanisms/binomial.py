@@ -102,6 +102,11 @@ class BinomialCurve(Mechanism):
         super().__init__(dim, dim * self.trials * math.log1p(1 / self.pseudo_count))
         self.target_epsilon = self.epsilon if epsilon is None else float(epsilon)
 
+    @property
+    def lattice(self) -> float:
+        """Releases are counts over ``N``: multiples of ``1 / N``."""
+        return 1.0 / self.trials
+
     def probability(self, s: Tensor) -> Tensor:
         """Success probability ``(s + M) / (K + 2M)`` for counts ``s``."""
         return (as_float(s) + self.pseudo_count) / (self.population + 2 * self.pseudo_count)

@@ -16,6 +16,9 @@ class RandomizedResponse(Mechanism):
     A record is one bit, so each bit's report is ``epsilon``-DP (local DP).
     """
 
+    #: Releases are bits.
+    lattice = 1.0
+
     def __init__(self, epsilon: float, dim: int = 1) -> None:
         super().__init__(dim, epsilon)
         self.keep = math.exp(self.epsilon) / (1 + math.exp(self.epsilon))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 from .base import Task
@@ -42,6 +43,16 @@ def load(name: str, **kwargs) -> Task:
     return task
 
 
+def full_kwargs(task: Task) -> dict:
+    """The keywords that rebuild ``task`` with :func:`load`, its factory's defaults filled in (``{}`` for a task
+    not built by :func:`load`)."""
+    if task.spec is None:
+        return {}
+    bound = inspect.signature(_REGISTRY[task.spec["name"]]).bind_partial(**task.spec["kwargs"])
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
 from . import binary_responses, conjugate_gaussian, factory, naive_bayes, normal_variance, poisson_counts, regression, sir, uniform_mixture  # noqa: E402,F401  (registration)
 
-__all__ = ["Task", "box", "from_simulator", "load", "names", "normal", "register"]
+__all__ = ["Task", "box", "from_simulator", "full_kwargs", "load", "names", "normal", "register"]
