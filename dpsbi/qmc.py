@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -9,8 +11,10 @@ from torch import Tensor
 BITS = 30
 
 
+@functools.lru_cache(maxsize=64)
 def _sobol_integers(m: int, d: int, device) -> Tensor:
-    """The first ``m`` unscrambled Sobol points in ``d`` dims as ``BITS``-bit integers, shape ``(m, d)``."""
+    """The first ``m`` unscrambled Sobol points in ``d`` dims as ``BITS``-bit integers, shape ``(m, d)``;
+    built once per ``(m, d, device)`` and kept there (not rebuilt on the host every training step)."""
     points = torch.quasirandom.SobolEngine(d, scramble=False).draw(m, dtype=torch.float64)
     return (points * (1 << BITS)).to(device=device, dtype=torch.int64)
 

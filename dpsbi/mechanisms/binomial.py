@@ -31,15 +31,22 @@ def binomial_log_pmf(k: Tensor, n: int, p: Tensor) -> Tensor:
     return torch.where(valid, logp, -math.inf)
 
 
+def _half_width(n: int, variance):
+    """Half-width of a window around ``n p`` holding all but 1e-18 of ``Bin(n, p)``'s mass (Bernstein's
+    inequality), for the binomial variance ``n p (1 - p)`` (a tensor or a number)."""
+    c = math.log(2 / _TAIL)
+    return c / 3 + (c**2 / 9 + 2 * c * variance) ** 0.5
+
+
 def _binomial_cdf_window(n: int, p: Tensor) -> tuple[Tensor, Tensor]:
     """CDF of ``Bin(n, p)`` on a window ``lo, lo+1, ..`` holding all but 1e-18 of the mass.
 
-    ``p`` has shape ``(P,)``; returns ``lo`` of shape ``(P,)`` and the CDF of shape ``(P, W)``.
+    ``p`` has shape ``(P,)``; returns ``lo`` of shape ``(P,)`` and the CDF of shape ``(P, W)``. ``W`` is the
+    window of the widest case ``p = 1/2``, known on the host without reading ``p``: no device sync.
     """
-    c = math.log(2 / _TAIL)
-    half = c / 3 + torch.sqrt(c**2 / 9 + 2 * c * n * p * (1 - p))  # Bernstein's inequality
+    half = _half_width(n, n * p * (1 - p))
     lo = torch.floor(n * p - half).clamp(min=0)
-    width = int((torch.ceil(n * p + half).clamp(max=n) - lo).max().item()) + 1 if p.numel() else 1
+    width = min(n, 2 * math.ceil(_half_width(n, n / 4)) + 1) + 1
     k = (lo[:, None] + torch.arange(width, device=p.device, dtype=p.dtype)).clamp(max=n)
     logc = log_binomial_coefficients(n, device=p.device)[k.long()]
     pmf = torch.exp(logc + k * torch.log(p[:, None]) + (n - k) * torch.log1p(-p[:, None]))
