@@ -1,0 +1,74 @@
+"""The exact-model SIR references kept in dpsbi/data/references: provenance, ESS, integrity, matching, and a
+short SPPE run scored against one."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import dpsbi
+from dpsbi.experiment import stored_references
+from dpsbi.experiment.reference import reference_posterior
+from dpsbi.files import CorruptFileError
+from dpsbi.metrics import c2st
+
+EPSILONS = (0.1, 1.0, 10.0)
+#: Least Kish ESS a stored reference must have: with ESS >= 1000 its mean is within ~0.03 posterior sd.
+MIN_ESS = 1000
+
+
+def sir(epsilon: float, **kwargs):
+    return dpsbi.tasks.load("sir", epsilon=epsilon, **kwargs)
+
+
+@pytest.mark.parametrize("epsilon", EPSILONS)
+def test_each_stored_sir_reference_has_its_provenance_and_enough_ess(epsilon):
+    csv = stored_references.STORE / f"sir_eps{epsilon:g}.csv"
+    draws, provenance = stored_references.read(csv)
+    assert provenance["task"]["kwargs"]["simulator"] == "exact"
+    assert provenance["ess"] >= MIN_ESS and provenance["importance_draws"] > provenance["ess"]
+    assert provenance["command"].startswith("NUMBA_NUM_THREADS=1 python scripts/sir_references.py")
+    assert draws.shape == (provenance["num_draws"], 2) and torch.isfinite(draws).all()
+    # the resampled draws agree with the weighted mean they were resampled from, within 5 resampling errors
+    # (sd / sqrt(n) bounds the error of systematic resampling)
+    se = torch.tensor(provenance["weighted_sd"]) / draws.shape[0] ** 0.5
+    assert ((draws.mean(0) - torch.tensor(provenance["weighted_mean"])).abs() < 5 * se).all()
+    assert f"sir_eps{epsilon:g}.csv" in (stored_references.STORE / "README.md").read_text()
+
+
+@pytest.mark.parametrize("epsilon", EPSILONS)
+def test_the_experiment_layer_uses_them_for_the_exact_model_only(epsilon):
+    reference = reference_posterior(sir(epsilon), {"name": "sir", "epsilon": epsilon}, "auto", 500, cache_dir=None)
+    assert reference.kind == "stored" and reference.samples.shape == (500, 2)
+    for other in (sir(epsilon, simulator="tau_leap"), sir(epsilon, population=100_000), sir(epsilon, y_obs="simulate")):
+        assert stored_references.find(other) is None
+    with pytest.raises(ValueError, match="no stored reference"):
+        reference_posterior(sir(epsilon, simulator="tau_leap"), {}, "stored", 500)
+
+
+def test_a_damaged_or_foreign_entry_is_refused(tmp_path):
+    for suffix in (".csv", ".json"):
+        shutil.copy(stored_references.STORE / f"sir_eps1{suffix}", tmp_path / f"sir_eps1{suffix}")
+    csv = tmp_path / "sir_eps1.csv"
+    lines = csv.read_text().splitlines()
+    lines[5] = lines[5].replace("-", "+", 1) if "-" in lines[5] else "0" + lines[5]
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorruptFileError, match="checksum"):
+        stored_references.read(csv)
+    with pytest.raises(CorruptFileError):
+        stored_references.find(sir(1.0), store=tmp_path)
+    provenance = json.loads((tmp_path / "sir_eps1.json").read_text())
+    assert any("epsilon" in m for m in stored_references.mismatches(provenance, sir(10.0)))
+
+
+@pytest.mark.slow
+def test_a_short_sppe_run_on_the_exact_sir_model_scores_against_the_stored_reference():
+    """One round of 500 exact simulations: far from converged, but far closer than the prior."""
+    task = sir(1.0)
+    reference = reference_posterior(task, {}, "stored", 1000).samples
+    posterior = dpsbi.SPPE(task, 1, 500, 4, atoms=5, training=dict(max_epochs=30), seed=0, progress=False).run()
+    draws = posterior.sample((1000,), generator=torch.Generator().manual_seed(0))
+    prior = task.prior.sample((1000,))
+    score, prior_score = c2st(draws, reference), c2st(prior, reference)
+    assert prior_score > 0.95 and score < prior_score - 0.05, (score, prior_score)
