@@ -81,9 +81,10 @@ def test_sple_likelihood_on_a_lattice_is_a_proper_pmf_close_to_the_exact_one():
         log_q = posterior.log_likelihood_z(releases, posterior.space.to_z(theta).unsqueeze(0))  # (11, 3)
         masses[dequantize] = log_q.exp() * (1.0 if dequantize else task.mechanism.lattice)
     total = masses[True].sum(0)
+    tv = 0.5 * (masses[True] - exact).abs().sum(0)
+    print(f"dequantized: masses {total.tolist()}, TV to the exact pmf {tv.tolist()}; plain: h * sum q = {masses[False].sum(0).tolist()}")
     assert ((total > 0.95) & (total < 1.01)).all(), total
     # 1000 training pairs spread over theta: a few hundred releases inform each theta; an empirical 11-cell pmf
     # from 250 draws is off by TV ~0.07 on average, so 0.1 fails only a much worse fit.
-    tv = 0.5 * (masses[True] - exact).abs().sum(0)
     assert (tv < 0.1).all(), tv
     assert (masses[False].sum(0) - 1).abs().max() > 0.05
