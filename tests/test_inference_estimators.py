@@ -57,6 +57,23 @@ def test_sppe_reports_every_round_and_its_first_round_is_amortized(task, sppe_ru
         post.sample((10,), y=y)
 
 
+def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_its_region(task, exact):
+    """TSNPE variant: round 1 proposes from the prior cut to the round-0 posterior's 1 - 1e-3 region (every
+    proposal at or above the density threshold) and trains without atoms."""
+    from dpsbi.inference.seeding import derive_seed
+    from dpsbi.inference.truncation import density_threshold
+
+    posteriors = []
+    estimator = dpsbi.SPPE(task, rounds=2, sims_per_round=400, inner_samples=8, truncate=1e-3, truncation_draws=20_000, on_round_end=lambda i, p, n: posteriors.append(p), **SMALL)
+    post = estimator.run()
+    assert c2st(post.sample((1000,), seed=0), exact) <= 0.6
+    proposed = estimator.data["theta"][estimator.data["round"] == 1]
+    threshold = density_threshold(posteriors[0], 1e-3, 20_000, derive_seed(derive_seed(0, 1, "propose"), "threshold"))  # the run's
+    assert (posteriors[0].log_prob(proposed) >= threshold).all()
+    prior = task.prior.sample((4000,))
+    assert (posteriors[0].log_prob(prior) < threshold).float().mean() > 0.002  # the cut removes ~1 % of this prior
+
+
 def test_sple_matches_the_exact_private_posterior(task, exact):
     mcmc = dict(num_chains=100, warmup=20, thin=1)
     post = dpsbi.SPLE(task, rounds=2, sims_per_round=400, inner_samples=8, mcmc=mcmc, **SMALL).run()
@@ -125,6 +142,8 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
         (dict(training=dict(validation_fraction=0.0)), "validation_fraction"),
         (dict(training=dict(validation_fraction=0.9), sims_per_round=2), "leaves no training data"),
         (dict(atoms=1), "atoms"),
+        (dict(truncate=1.5), "truncate"),
+        (dict(truncate=1e-4, truncation_draws=0), "truncation_draws"),
         (dict(flow=dict(layers=3)), "unknown flow settings"),
         (dict(training=dict(lr=-1.0)), "lr"),
         (dict(training=dict(epochs=3)), "unknown training settings"),

@@ -134,6 +134,11 @@ class SequentialEstimator(abc.ABC):
         """Method-specific settings (part of the checkpoint's fingerprint)."""
         return {}
 
+    def proposal_draws(self, r: int, posterior: Posterior, n: int, seed: int) -> Tensor:
+        """Round ``r``'s ``n`` parameters ``(n, dim_theta)`` after the first round: the posterior at ``task.y_obs``
+        (subclasses may propose otherwise), drawn under ``seed``."""
+        return posterior.sample((n,), seed=seed)
+
     # ---- the loop -----------------------------------------------------------------------------------
     @property
     def num_simulations(self) -> int:
@@ -183,7 +188,7 @@ class SequentialEstimator(abc.ABC):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 return self.task.prior.sample((n,))
-        return self.posterior(finished - 1).sample((n,), seed=seed).to(self.space.device)
+        return self.proposal_draws(finished, self.posterior(finished - 1), n, seed).to(self.space.device)
 
     def _simulate(self, r: int, posterior: Posterior | None) -> None:
         """This round's parameters and summaries (appended ones, or drawn from the proposal and simulated),
@@ -209,7 +214,7 @@ class SequentialEstimator(abc.ABC):
                 torch.manual_seed(derive_seed(self.seed, r, "prior"))
                 theta = self.task.prior.sample((n,))
         else:
-            theta = posterior.sample((n,), seed=derive_seed(self.seed, r, "propose")).to(self.space.device)
+            theta = self.proposal_draws(r, posterior, n, derive_seed(self.seed, r, "propose")).to(self.space.device)
         generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, r, "simulate"))
         return theta, self.task.simulate(theta, generator), generator
 

@@ -47,7 +47,8 @@ class SPLE(SequentialEstimator):
             raise ValueError(f"cell_points must be a power of two, got {cell_points}")
 
     def options(self) -> dict:
-        return {"mcmc": self.mcmc.to_dict(), "dequantize": self.dequantize, "cell_points": self.cell_points}
+        dequantization = {"dequantize": True, "cell_points": self.cell_points} if self.dequantize else {}
+        return {"mcmc": self.mcmc.to_dict(), **dequantization}  # a continuous mechanism's: as before dequantization
 
     def flow_data(self, z, s, generator):
         y = self.task.release(s, generator=generator)

@@ -1,0 +1,43 @@
+"""Truncated-prior proposals (TSNPE, Deistler et al. 2022): the prior restricted to the highest-density region
+of the current posterior at the observed release, sampled by rejection."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..tasks import Task
+from .posterior import Posterior
+from .seeding import derive_seed
+
+#: Prior draws screened per batch.
+BATCH = 100_000
+
+
+def density_threshold(posterior: Posterior, mass: float, draws: int, seed: int) -> Tensor:
+    """The ``mass``-quantile of ``log q(theta | y_obs)`` over ``draws`` posterior draws: its super-level set
+    holds ``1 - mass`` of the posterior (a 0-d tensor)."""
+    theta = posterior.sample((draws,), seed=seed)
+    return torch.quantile(posterior.log_prob(theta).double(), mass)
+
+
+def truncated_prior_draws(task: Task, posterior: Posterior, n: int, mass: float, draws: int, max_prior_draws: int, seed: int) -> Tensor:
+    """``n`` draws ``(n, dim_theta)`` of the prior restricted to the region where the posterior's density at
+    ``task.y_obs`` is at least :func:`density_threshold`; prior draws are screened in batches of
+    :data:`BATCH`. Raises ``RuntimeError`` when ``max_prior_draws`` prior draws do not give ``n`` (the region
+    holds too little prior mass: use atomic proposals)."""
+    threshold = density_threshold(posterior, mass, draws, derive_seed(seed, "threshold"))
+    kept, screened, index = [], 0, 0
+    while sum(k.shape[0] for k in kept) < n:
+        if screened >= max_prior_draws:
+            found = sum(k.shape[0] for k in kept)
+            raise RuntimeError(
+                f"truncated prior: {found} of {n} draws in {screened} prior draws (the posterior's region holds about "
+                f"{found / screened:.2e} of the prior mass); raise max_prior_draws or use atomic proposals (truncate=None)"
+            )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, "truncated", index))
+            theta = task.prior.sample((BATCH,))
+        kept.append(theta[posterior.log_prob(theta).double() >= threshold])
+        screened, index = screened + BATCH, index + 1
+    return torch.cat(kept)[:n]
