@@ -30,10 +30,12 @@ def test_each_stored_sir_reference_has_its_provenance_and_enough_ess(epsilon):
     assert provenance["ess"] >= MIN_ESS and provenance["importance_draws"] > provenance["ess"]
     assert provenance["command"].startswith("NUMBA_NUM_THREADS=1 python scripts/sir_references.py")
     assert draws.shape == (provenance["num_draws"], 2) and torch.isfinite(draws).all()
-    # the resampled draws agree with the weighted mean they were resampled from, within 5 resampling errors
-    # (sd / sqrt(n) bounds the error of systematic resampling)
-    se = torch.tensor(provenance["weighted_sd"]) / draws.shape[0] ** 0.5
-    assert ((draws.mean(0) - torch.tensor(provenance["weighted_mean"])).abs() < 5 * se).all()
+    # the smoothed resample keeps the weighted mean and sd (within 5 of its Monte Carlo errors: sd / sqrt(n) and
+    # sd / sqrt(2n)), and repeats no draw
+    sd, n = torch.tensor(provenance["weighted_sd"]), draws.shape[0]
+    assert ((draws.mean(0) - torch.tensor(provenance["weighted_mean"])).abs() < 5 * sd / n**0.5).all()
+    assert ((draws.std(0) / sd - 1).abs() < 5 / (2 * n) ** 0.5).all()
+    assert torch.unique(draws, dim=0).shape[0] == n
     assert f"sir_eps{epsilon:g}.csv" in (stored_references.STORE / "README.md").read_text()
 
 
@@ -60,6 +62,23 @@ def test_a_damaged_or_foreign_entry_is_refused(tmp_path):
         stored_references.find(sir(1.0), store=tmp_path)
     provenance = json.loads((tmp_path / "sir_eps1.json").read_text())
     assert any("epsilon" in m for m in stored_references.mismatches(provenance, sir(10.0)))
+
+
+def test_smoothed_resampling_keeps_mean_and_covariance_without_repeats():
+    """Weighted draws of N(0, I) reweighted to N(1, 0.5^2 I): the smoothed resample has that mean and sd."""
+    from dpsbi.experiment.reference import smoothed_resample
+
+    task = sir(1.0)
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(20_000, 2, generator=generator, dtype=torch.float64)
+    log_w = torch.distributions.Normal(1.0, 0.5).log_prob(z).sum(-1) - torch.distributions.Normal(0.0, 1.0).log_prob(z).sum(-1)
+    weights = torch.softmax(log_w, 0)
+    draws, h = smoothed_resample(task, z, weights, 20_000, generator)
+    assert 0 < h < 0.5 and torch.unique(draws, dim=0).shape[0] == 20_000
+    # 5 Monte Carlo errors: those of the weighted moments (Kish ESS ~2800) plus the resample's (20 000 draws)
+    ess = float(1 / (weights**2).sum())
+    assert ((draws.mean(0) - 1).abs() < 5 * 0.5 * (1 / ess + 1 / 20_000) ** 0.5).all()
+    assert ((draws.std(0) - 0.5).abs() < 5 * 0.5 * (1 / (2 * ess) + 1 / 40_000) ** 0.5).all()
 
 
 @pytest.mark.slow

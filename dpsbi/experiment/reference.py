@@ -86,6 +86,27 @@ def defensive_proposal(task: Task, samples: Tensor, weights: Tensor) -> Distribu
     return TransformedDistribution(mixture, [task.transform])
 
 
+def smoothed_resample(task: Task, samples: Tensor, weights: Tensor, n: int, generator: torch.Generator) -> tuple[Tensor, float]:
+    """``n`` unweighted draws ``(n, dim_theta)`` from weighted ``samples (N, dim_theta)`` without repeated points,
+    and the bandwidth ``h``: Liu and West's (2001) shrunk kernel resampling in the task's unconstrained space,
+    ``a z_i + (1 - a) m + h C^{1/2} e`` with ``i`` drawn by weight, ``a = sqrt(1 - h^2)``, ``(m, C)`` the weighted
+    mean and covariance (both kept exactly) and ``h`` Silverman's factor for the Kish ESS (-> 0 as it grows).
+
+    Plain resampling repeats each point about ``n / ESS`` times; C2ST's classifier recognises the repeats, so two
+    independent plain resamples of the exact-SIR references (ESS ~1000 each) scored 0.82-0.85 against each other,
+    smoothed ones 0.50-0.52."""
+    z = task.transform.inv(samples).double()
+    w = weights.double() / weights.double().sum()
+    dim, ess = z.shape[1], float(1.0 / (w**2).sum())
+    h = (4 / (dim + 2)) ** (1 / (dim + 4)) * ess ** (-1 / (dim + 4))
+    mean = (w[:, None] * z).sum(0)
+    cov = (w[:, None] * (z - mean)).T @ (z - mean)
+    index = torch.multinomial(w, n, replacement=True, generator=generator)
+    noise = torch.randn(n, dim, generator=generator, dtype=z.dtype) @ torch.linalg.cholesky(cov).T
+    a = (1 - h * h) ** 0.5
+    return task.transform(a * z[index] + (1 - a) * mean + h * noise).to(samples.dtype), h
+
+
 def _importance(task: Task, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference:
     """Importance sampling of the exact posterior (mechanism as kernel): a defensive proposal fitted to
     SMC-ABC's last generation, refitted once to ``importance_draws / 10`` weighted draws (a poor pilot costs
