@@ -62,6 +62,9 @@ def test_a_damaged_or_foreign_entry_is_refused(tmp_path):
         stored_references.find(sir(1.0), store=tmp_path)
     provenance = json.loads((tmp_path / "sir_eps1.json").read_text())
     assert any("epsilon" in m for m in stored_references.mismatches(provenance, sir(10.0)))
+    (tmp_path / "sir_eps1.json").write_text("{ truncated")
+    with pytest.raises(CorruptFileError, match="provenance"):
+        stored_references.find(sir(1.0), store=tmp_path)
 
 
 def test_smoothed_resampling_keeps_mean_and_covariance_without_repeats():

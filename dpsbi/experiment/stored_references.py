@@ -64,10 +64,19 @@ def write(stem: str, task: Task, draws: torch.Tensor, provenance: dict, store: P
     return store / f"{stem}.csv"
 
 
+def provenance_of(csv: Path) -> dict:
+    """The provenance beside ``csv``; :class:`~dpsbi.files.CorruptFileError` when it is not readable JSON."""
+    path = csv.with_suffix(".json")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorruptFileError(f"stored reference provenance {path} cannot be read ({error}): refusing the entry") from None
+
+
 def read(csv: Path) -> tuple[torch.Tensor, dict]:
     """Draws ``(n, dim_theta)`` (default float dtype) and provenance of the entry at ``csv``; raises
     :class:`~dpsbi.files.CorruptFileError` when the file's checksum, width or length disagrees with the provenance."""
-    provenance = json.loads(csv.with_suffix(".json").read_text())
+    provenance = provenance_of(csv)
     text = csv.read_text()
     if hashlib.sha256(text.encode()).hexdigest() != provenance["sha256"]:
         raise CorruptFileError(f"stored reference {csv} does not match the checksum in {csv.with_suffix('.json').name}: refusing it")
@@ -86,7 +95,7 @@ def find(task: Task, store: Path = STORE) -> tuple[torch.Tensor, dict] | None:
     """Draws and provenance of the stored reference made for ``task`` (model, identity and release), else ``None``."""
     name = None if task.spec is None else task.spec["name"]
     for csv in entries(store):
-        provenance = json.loads(csv.with_suffix(".json").read_text())
+        provenance = provenance_of(csv)
         if provenance["task"]["name"] == name and not mismatches(provenance, task):
             return read(csv)
     return None
