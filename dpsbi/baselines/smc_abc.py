@@ -33,7 +33,6 @@ from tqdm.auto import tqdm
 from ..tasks import Task
 from .exact_abc import (
     SimulationBudgetExceeded,
-    budget_error,
     kish_ess,
     log_prior,
     mechanism_log_weights,
@@ -145,8 +144,11 @@ class _Sampler:
         accepted = simulations = 0
         while accepted < self.n:
             if self.simulations >= self.max_simulations:
-                method = f"smc_abc at tolerance {tolerance:.3g}"
-                raise budget_error(method, self.max_simulations, accepted, self.n, simulations)
+                raise SimulationBudgetExceeded(
+                    f"smc_abc hit max_simulations={self.max_simulations} after {self.simulations} simulations in all: the "
+                    f"generation at tolerance {tolerance:.3g} had accepted {accepted} of {self.n} particles in its "
+                    f"{simulations} simulations; raise max_simulations, or use kernel='mechanism' (no tolerance schedule)"
+                )
             remaining = self.n - accepted
             size = min(self.max_batch_size, max(remaining, math.ceil(1.2 * remaining / max(self.acceptance, 1e-6))))
             z, theta, log_ratio = self.propose(min(size, self.max_simulations - self.simulations), proposal)
