@@ -47,6 +47,7 @@ def _job(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from .baselines import SimulationBudgetExceeded
     from .experiment import run_experiment
     from .experiment.comparison import ERROR_FILE
     from .files import BusyError
@@ -57,8 +58,9 @@ def _job(cfg) -> None:
         run_experiment(cfg, output_dir, records=_hydra_records(cfg, hydra_config))
     except BusyError as error:  # another process writes this directory: touch nothing there
         raise SystemExit(f"dpsbi-run: {error}") from None
-    except ConfigError as error:  # a bad value: one line, no traceback
-        message = f"dpsbi-run: config error: {error}"
+    except (ConfigError, SimulationBudgetExceeded) as error:  # a bad value, or a method out of budget: one line
+        kind = "config error" if isinstance(error, ConfigError) else "out of simulation budget"
+        message = f"dpsbi-run: {kind}: {error}"
         if hydra_config.mode != RunMode.MULTIRUN:
             raise SystemExit(message) from None
         # In a sweep, one bad combination (say mhaar on a task without records) must not stop the others:

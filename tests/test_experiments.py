@@ -238,6 +238,13 @@ def _cli(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def test_a_method_out_of_simulation_budget_ends_in_one_line(tmp_path):
+    run = _cli("dpsbi-run", "task=poisson_counts", "method=rejection_abc", "method.num_samples=200", "method.batch_size=100",
+               "method.max_simulations=200", *QUICK, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "dpsbi-run: out of simulation budget: rejection_abc hit max_simulations=200" in run.stderr
+
+
 def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
     naive = "{rounds: 1, sims_per_round: 100, training: {max_epochs: 2}, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
     # mhaar cannot run on poisson_counts (no record model): the sweep goes on, then says so and exits 1.
