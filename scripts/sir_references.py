@@ -30,6 +30,7 @@ import torch
 
 import dpsbi
 from dpsbi.baselines import abc_is, smc_abc
+from dpsbi.baselines.exact_abc import kish_ess
 from dpsbi.experiment import stored_references
 from dpsbi.experiment.reference import defensive_proposal, smoothed_resample
 from dpsbi.files import atomic_save
@@ -54,8 +55,8 @@ def chunked_is(task, proposal, first: int, last: int, chunk: int, work: Path, ta
 
 
 def kish(log_w: torch.Tensor) -> float:
-    w = torch.softmax(log_w.double(), 0)
-    return float(1.0 / (w**2).sum())
+    """Kish's ESS of unnormalised log weights."""
+    return kish_ess(torch.softmax(log_w.double(), 0))
 
 
 def tau_leap_proposal(epsilon: float, particles: int, draws: int, work: Path, seed: int):

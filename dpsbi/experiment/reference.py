@@ -71,15 +71,22 @@ def _rejection(task: Task, num_samples: int, settings: dict, seed: int, progress
     return Reference(result.samples, "rejection", True, note, result.num_simulations)
 
 
+def unconstrained_moments(task: Task, samples: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Weighted draws ``samples (n, dim_theta)`` in the task's unconstrained space, in float64: the points
+    ``z (n, dim)``, the normalised weights ``(n,)``, and their weighted mean ``(dim,)`` and covariance ``(dim, dim)``."""
+    z = task.transform.inv(samples).double()
+    w = weights.double() / weights.double().sum()
+    mean = (w[:, None] * z).sum(0)
+    centred = z - mean
+    return z, w, mean, (w[:, None] * centred).T @ centred
+
+
 def defensive_proposal(task: Task, samples: Tensor, weights: Tensor) -> Distribution:
     """A proposal that covers weighted draws ``samples (n, dim_theta)``: in the task's unconstrained space,
     ``0.8 N(m, 1.5^2 C) + 0.2 N(m, 3^2 C)`` with ``(m, C)`` the draws' weighted mean and covariance, mapped back
     by ``task.transform`` (event shape ``(dim_theta,)``). Wider than the posterior, so weights stay bounded."""
-    z = task.transform.inv(samples).double()
-    w = weights.double()[:, None] / weights.double().sum()
-    mean = (w * z).sum(0)
-    centred = z - mean
-    cov = (w * centred).T @ centred + 1e-9 * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
+    z, _, mean, cov = unconstrained_moments(task, samples, weights)
+    cov = cov + 1e-9 * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
     tril = torch.linalg.cholesky(cov).to(samples.dtype)
     components = MultivariateNormal(mean.to(samples.dtype).expand(2, -1), scale_tril=torch.stack([1.5 * tril, 3.0 * tril]))
     mixture = MixtureSameFamily(Categorical(torch.tensor([0.8, 0.2], dtype=samples.dtype, device=z.device)), components)
@@ -95,12 +102,9 @@ def smoothed_resample(task: Task, samples: Tensor, weights: Tensor, n: int, gene
     Plain resampling repeats each point about ``n / ESS`` times; C2ST's classifier recognises the repeats, so two
     independent plain resamples of the exact-SIR references (ESS ~1000 each) scored 0.82-0.85 against each other,
     smoothed ones 0.50-0.52."""
-    z = task.transform.inv(samples).double()
-    w = weights.double() / weights.double().sum()
+    z, w, mean, cov = unconstrained_moments(task, samples, weights)
     dim, ess = z.shape[1], float(1.0 / (w**2).sum())
     h = (4 / (dim + 2)) ** (1 / (dim + 4)) * ess ** (-1 / (dim + 4))
-    mean = (w[:, None] * z).sum(0)
-    cov = (w[:, None] * (z - mean)).T @ (z - mean)
     index = torch.multinomial(w, n, replacement=True, generator=generator)
     noise = torch.randn(n, dim, generator=generator, dtype=z.dtype) @ torch.linalg.cholesky(cov).T
     a = (1 - h * h) ** 0.5

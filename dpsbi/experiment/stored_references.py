@@ -45,7 +45,8 @@ def mismatches(provenance: dict, task: Task) -> list[str]:
 
 def write(stem: str, task: Task, draws: torch.Tensor, provenance: dict, store: Path = STORE) -> Path:
     """Store unweighted ``draws (n, dim_theta)`` of ``task``'s posterior as ``<store>/<stem>.csv`` and its
-    provenance (``provenance`` plus the task's description, the count and the CSV's checksum) as ``.json``."""
+    provenance (``provenance`` plus the task's keywords, identity and release, the count, the parameter names and
+    the CSV's checksum) as ``.json``."""
     store.mkdir(parents=True, exist_ok=True)
     buffer = io.StringIO()
     np.savetxt(buffer, draws.double().cpu().numpy(), fmt="%.9g", delimiter=",", header=",".join(task.parameter_names), comments="")
@@ -73,10 +74,11 @@ def provenance_of(csv: Path) -> dict:
         raise CorruptFileError(f"stored reference provenance {path} cannot be read ({error}): refusing the entry") from None
 
 
-def read(csv: Path) -> tuple[torch.Tensor, dict]:
-    """Draws ``(n, dim_theta)`` (default float dtype) and provenance of the entry at ``csv``; raises
-    :class:`~dpsbi.files.CorruptFileError` when the file's checksum, width or length disagrees with the provenance."""
-    provenance = provenance_of(csv)
+def read(csv: Path, provenance: dict | None = None) -> tuple[torch.Tensor, dict]:
+    """Draws ``(n, dim_theta)`` (default float dtype) and provenance of the entry at ``csv`` (``provenance``: the
+    one already read beside it); raises :class:`~dpsbi.files.CorruptFileError` when the file's checksum, width
+    or length disagrees with the provenance."""
+    provenance = provenance_of(csv) if provenance is None else provenance
     text = csv.read_text()
     if hashlib.sha256(text.encode()).hexdigest() != provenance["sha256"]:
         raise CorruptFileError(f"stored reference {csv} does not match the checksum in {csv.with_suffix('.json').name}: refusing it")
@@ -97,5 +99,5 @@ def find(task: Task, store: Path = STORE) -> tuple[torch.Tensor, dict] | None:
     for csv in entries(store):
         provenance = provenance_of(csv)
         if provenance["task"]["name"] == name and not mismatches(provenance, task):
-            return read(csv)
+            return read(csv, provenance)
     return None

@@ -27,17 +27,16 @@ def truncated_prior_draws(task: Task, posterior: Posterior, n: int, mass: float,
     :data:`BATCH`. Raises ``RuntimeError`` when ``max_prior_draws`` prior draws do not give ``n`` (the region
     holds too little prior mass: use atomic proposals)."""
     threshold = density_threshold(posterior, mass, draws, derive_seed(seed, "threshold"))
-    kept, screened, index = [], 0, 0
-    while sum(k.shape[0] for k in kept) < n:
+    kept, found, screened = [], 0, 0
+    while found < n:
         if screened >= max_prior_draws:
-            found = sum(k.shape[0] for k in kept)
             raise RuntimeError(
                 f"truncated prior: {found} of {n} draws in {screened} prior draws (the posterior's region holds about "
                 f"{found / screened:.2e} of the prior mass); raise max_prior_draws or use atomic proposals (truncate=None)"
             )
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(seed, "truncated", index))
+            torch.manual_seed(derive_seed(seed, "truncated", screened // BATCH))
             theta = task.prior.sample((BATCH,))
         kept.append(theta[posterior.log_prob(theta).double() >= threshold])
-        screened, index = screened + BATCH, index + 1
+        found, screened = found + kept[-1].shape[0], screened + BATCH
     return torch.cat(kept)[:n]
