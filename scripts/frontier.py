@@ -4,11 +4,17 @@ and plain MC vs RQMC.
 
     python scripts/frontier.py run --task regression --epsilon 1 --method sppe --configs 1:mc,8:rqmc \\
         --rounds 6 --sims-per-round 1000 --max-epochs 20 --seconds 600 --seeds 0 --out frontier.jsonl
+    python scripts/frontier.py run --task sir --epsilon 1 --simulator exact --method sple --configs 8:rqmc \
+        --training '{"max_steps": 500, "lr_schedule": "cosine", "lr": 1e-3}' --out frontier.jsonl
+    python scripts/frontier.py run --task regression --epsilon 10 --method sppe --defaults --out frontier.jsonl
     python scripts/frontier.py report frontier.jsonl --figure docs/figures/frontier.png
 
 ``run`` appends one JSON line per round to ``--out`` as it goes (a killed run loses at most a round; a
 configuration and seed already complete in the file is skipped), and stops a configuration after the
-first round that ends past ``--seconds`` of fitting. Wall time counts simulation, training and the 2000
+first round that ends past ``--seconds`` of fitting. ``--training`` (JSON) overrides training settings of
+every configuration (a step budget and learning-rate schedule instead of ``--max-epochs``); ``--defaults``
+runs the estimator exactly as ``SPPE(task)`` / ``SPLE(task)`` builds it (its default budget and training),
+for as many rounds as the defaults have. Wall time counts simulation, training and the 2000
 draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. ``report`` prints
 a markdown table (per configuration: the first time and simulation count at which C2ST <= 0.55, the best
 C2ST, and its time) and draws C2ST against time and against simulations.
@@ -47,12 +53,25 @@ def parse_configs(text: str) -> list[tuple[int, bool]]:
     return configs
 
 
+def schedule(row: dict) -> str:
+    """A row's training schedule as a label: ``"defaults"``, the ``--training`` JSON, or ``"<= 20 epochs"``
+    (rows written before step budgets existed)."""
+    return row.get("schedule", f"<= {row.get('max_epochs', 20)} epochs")
+
+
 def done(out: Path) -> set[tuple]:
-    """``(method, M, qmc, seed)`` of the configurations the output file holds as complete."""
+    """``(method, M, qmc, schedule, seed)`` of the configurations the output file holds as complete."""
     if not out.is_file():
         return set()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["method"], r["inner_samples"], r["qmc"], r["seed"]) for r in rows if r.get("last")}
+    return {(r["method"], r["inner_samples"], r["qmc"], schedule(r), r["seed"]) for r in rows if r.get("last")}
+
+
+def label(args: argparse.Namespace) -> str:
+    """This invocation's schedule label (see :func:`schedule`)."""
+    if args.defaults:
+        return "defaults"
+    return json.dumps(args.training, sort_keys=True) if args.training else f"<= {args.max_epochs} epochs"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -63,9 +82,12 @@ def run(args: argparse.Namespace) -> None:
     print(f"reference: {reference.note}", flush=True)
     finished = done(args.out)
     estimator = {"sppe": dpsbi.SPPE, "sple": dpsbi.SPLE, "tsppe": functools.partial(dpsbi.SPPE, truncate=TRUNCATE)}[args.method]
+    configs = [(None, None)] if args.defaults else parse_configs(args.configs)
     for seed in args.seeds:
-        for m, qmc in parse_configs(args.configs):
-            if (args.method, m, qmc, seed) in finished:
+        for m, qmc in configs:
+            probe = estimator(task, progress=False) if args.defaults else None
+            key = (args.method, probe.inner_samples if probe else m, probe.qmc if probe else qmc, label(args), seed)
+            if key in finished:
                 continue
             fit_configuration(estimator, task, task_config, reference.samples, m, qmc, seed, args)
 
@@ -77,15 +99,23 @@ def fit_configuration(estimator, task, task_config: dict, reference: torch.Tenso
     class Enough(Exception):
         pass
 
+    kwargs = dict(seed=seed, progress=False)
+    if not args.defaults:
+        training = {"max_epochs": args.max_epochs, **(args.training or {})}
+        kwargs.update(rounds=args.rounds, sims_per_round=args.sims_per_round, inner_samples=m, qmc=qmc, training=training)
+    fitted = estimator(task, **kwargs)
+    rounds = fitted.rounds
+
     def on_round(index: int, posterior, num_simulations: int) -> None:
         draws = posterior.sample((DRAWS,), seed=seed)
         elapsed = time.perf_counter() - clock["start"] - clock["scoring"]
         tic = time.perf_counter()
         c2st = dpsbi.metrics.c2st(draws.cpu(), reference, seed=0)
-        last = elapsed > args.seconds or index + 1 == args.rounds
+        last = elapsed > args.seconds or index + 1 == rounds
         row = {"task": args.task, "epsilon": args.epsilon, "simulator": args.simulator or "default", "method": args.method,
-               "inner_samples": m, "qmc": qmc, "seed": seed, "round": index + 1, "num_simulations": num_simulations,
-               "seconds": round(elapsed, 2), "c2st": round(c2st, 4), "last": last}
+               "inner_samples": fitted.inner_samples, "qmc": fitted.qmc, "schedule": label(args), "seed": seed,
+               "round": index + 1, "num_simulations": num_simulations, "seconds": round(elapsed, 2), "c2st": round(c2st, 4),
+               "steps": fitted.history[-1]["steps"], "last": last}
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
@@ -93,10 +123,9 @@ def fit_configuration(estimator, task, task_config: dict, reference: torch.Tenso
         if last:
             raise Enough
 
-    kwargs = dict(rounds=args.rounds, sims_per_round=args.sims_per_round, inner_samples=m, qmc=qmc, seed=seed,
-                  training=dict(max_epochs=args.max_epochs), progress=False, on_round_end=on_round)
+    fitted.on_round_end = on_round
     try:
-        estimator(task, **kwargs).run()
+        fitted.run()
     except Enough:
         pass
 
@@ -105,16 +134,16 @@ def report(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for path in args.files for line in Path(path).read_text().splitlines() if line.strip()]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["task"], r["epsilon"], r["simulator"], r["method"], r["inner_samples"], r["qmc"], r["seed"]), []).append(r)
-    print("| task | epsilon | method | M | kind | seed | first C2ST <= 0.55 (s / simulations) | best C2ST (at s, round) | rounds |")
-    print("|---|---|---|---|---|---|---|---|---|")
+        groups.setdefault((r["task"], r["epsilon"], r["simulator"], r["method"], r["inner_samples"], r["qmc"], schedule(r), r["seed"]), []).append(r)
+    print("| task | epsilon | method | M | kind | training | seed | first C2ST <= 0.55 (s / simulations) | best C2ST (at s, round) | rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key, rs in sorted(groups.items()):
         rs.sort(key=lambda r: r["round"])
         hit = next((r for r in rs if r["c2st"] <= TARGET), None)
         best = min(rs, key=lambda r: r["c2st"])
         first = f"{hit['seconds']:.0f} s / {hit['num_simulations']}" if hit else "not reached"
-        task, eps, sim, method, m, qmc, seed = key
-        print(f"| {task}{'' if sim == 'default' else f' ({sim})'} | {eps:g} | {method.upper()} | {m} | {'RQMC' if qmc else 'MC'} | {seed} | {first} | {best['c2st']:.3f} ({best['seconds']:.0f} s, {best['round']}) | {len(rs)} |")
+        task, eps, sim, method, m, qmc, training, seed = key
+        print(f"| {task}{'' if sim == 'default' else f' ({sim})'} | {eps:g} | {method.upper()} | {m} | {'RQMC' if qmc else 'MC'} | {training} | {seed} | {first} | {best['c2st']:.3f} ({best['seconds']:.0f} s, {best['round']}) | {len(rs)} |")
     if args.figure:
         plot(groups, args.figure)
 
@@ -132,7 +161,7 @@ def plot(groups: dict, path: Path) -> None:
             if (key[0], key[1], key[3]) != panel:
                 continue
             rs = sorted(rs, key=lambda r: r["round"])
-            label = f"M={key[4]} {'RQMC' if key[5] else 'MC'} seed {key[6]}"
+            label = f"M={key[4]} {'RQMC' if key[5] else 'MC'} {key[6]} seed {key[7]}"
             for ax, x in zip(axes[row], ("seconds", "num_simulations")):
                 ax.plot([r[x] for r in rs], [r["c2st"] for r in rs], marker="o", label=label)
         for ax, x in zip(axes[row], ("wall time (s, one core)", "simulations")):
@@ -157,6 +186,8 @@ def main() -> None:
     r.add_argument("--sims-per-round", type=int, default=1000)
     r.add_argument("--max-epochs", type=int, default=20)
     r.add_argument("--seconds", type=float, default=600, help="stop a configuration after the round that ends past this")
+    r.add_argument("--training", type=json.loads, help="JSON training settings for every configuration, e.g. '{\"max_steps\": 500}'")
+    r.add_argument("--defaults", action="store_true", help="the estimator's own defaults (ignores --configs, --rounds, ...)")
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--out", type=Path, required=True)
     p = commands.add_parser("report")

@@ -181,7 +181,7 @@ def test_sir_reference_says_it_is_approximate(tmp_path):
         (["budget.rounds=0"], "budget.rounds must be a positive integer or null, got 0"),
         (["budget.sims_per_round=many"], "budget.sims_per_round must be a positive integer or null, got 'many'"),
         (["budget.max_epochs=1.5"], "budget.max_epochs must be a positive integer or null, got 1.5"),
-        (["+budget.epochs=3"], "unknown budget keys ['epochs']; known: rounds, sims_per_round, inner_samples, max_epochs"),
+        (["+budget.epochs=3"], "unknown budget keys ['epochs']; known: rounds, sims_per_round, inner_samples, max_epochs, max_steps"),
         (["budget.inner_samples=3"], "method 'sppe': RQMC (qmc=True) needs inner_samples a power of two, got 3"),
     ],
 )
@@ -205,6 +205,22 @@ def test_one_budget_sets_every_neural_method():
     assert not {"rounds", "training"} & set(settings["smc_abc"])  # the classical baselines ignore it
     unset = {method.name: s for method, s in plan(config("companions=[sple,naive_npe]")).methods}
     assert (unset["sppe"]["rounds"], unset["sple"]["sims_per_round"], unset["naive_npe"]["training"]["max_epochs"]) == (2, 500, 20)
+
+
+@pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])
+def test_the_paper_preset_is_the_python_paper_preset(method):
+    """``experiment=paper`` builds each neural method exactly as ``Estimator.paper(task)`` does: the paper's
+    budget, M = 32 RQMC, 10 atoms, constant lr 5e-4, open-ended rounds with patience 20."""
+    cfg = config("experiment=paper", f"method={method}", "trainer=cpu")
+    (chosen, settings), = plan(cfg).methods
+    task = dpsbi.tasks.load("regression", epsilon=1.0)
+    from_config = chosen.load()(task, **settings, progress=False).fingerprint()
+    paper = chosen.load().paper(task, training=dict(accelerator="cpu"), progress=False).fingerprint()
+    assert from_config == paper
+    assert paper["rounds"] * paper["sims_per_round"] == 10_000 and paper["rounds"] == (1 if method == "naive_npe" else 10)
+    assert paper["training"]["lr_schedule"] == "constant" and paper["training"]["max_epochs"] is None is paper["training"]["max_steps"]
+    assert method == "naive_npe" or (paper["inner_samples"], paper["qmc"]) == (32, True)
+    assert paper.get("atoms", 10) == 10
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of cuda on a machine without one")

@@ -147,11 +147,38 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
         (dict(flow=dict(layers=3)), "unknown flow settings"),
         (dict(training=dict(lr=-1.0)), "lr"),
         (dict(training=dict(epochs=3)), "unknown training settings"),
+        (dict(training=dict(max_steps=0)), "max_steps=0"),
+        (dict(training=dict(lr_schedule="linear")), r"lr_schedule='linear'.*one of \('constant', 'cosine'\)"),
+        (dict(training=dict(lr_schedule="cosine")), "decays over a round's max_steps: set max_steps"),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(task, kwargs, match):
     with pytest.raises(ValueError, match=match):
         dpsbi.SPPE(task, **kwargs)
+
+
+def test_a_step_budget_caps_each_round_in_whole_epochs(task):
+    """190 training rows in batches of 50 are 3 steps an epoch: 25 steps round up to 9 epochs (27 steps) in
+    every round, however many simulations have accumulated (round 1 trains on 380 rows, 7 steps an epoch)."""
+    training = dict(batch_size=50, max_steps=25, max_epochs=None, patience=1000, lr_schedule="cosine")
+    fitted = dpsbi.SPPE(task, rounds=2, sims_per_round=200, inner_samples=2, atoms=5, **{**SMALL, "training": training})
+    fitted.run()
+    assert [(h["epochs"], h["steps"]) for h in fitted.history] == [(9, 27), (4, 28)]
+
+
+def test_the_cosine_schedule_decays_to_zero_over_the_round():
+    from dpsbi.inference.training import LossModule, TrainingSettings
+
+    settings = TrainingSettings(lr=1e-3, max_steps=10, lr_schedule="cosine")
+    module = LossModule(torch.nn.Linear(2, 2), None, settings, 0, 1, total_steps=10)
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    rates = [scheduler.get_last_lr()[0]]
+    for _ in range(10):
+        scheduler.optimizer.step()
+        scheduler.step()
+        rates.append(scheduler.get_last_lr()[0])
+    assert rates[0] == pytest.approx(1e-3) and rates[5] == pytest.approx(5e-4) and rates[10] == pytest.approx(0, abs=1e-12)
+    assert all(a > b for a, b in zip(rates, rates[1:]))
 
 
 def test_a_flat_training_setting_is_pointed_to_training(task):

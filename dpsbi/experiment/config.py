@@ -21,7 +21,7 @@ CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
 METRICS = ("c2st", "mmd", "nlog", "lmd")
 TRAINER_KEYS = ("accelerator", "devices", "precision", "threads")
 #: Keys of the ``budget`` node: the simulation and training budget of every neural method of a run at once.
-BUDGET_KEYS = ("rounds", "sims_per_round", "inner_samples", "max_epochs")
+BUDGET_KEYS = ("rounds", "sims_per_round", "inner_samples", "max_epochs", "max_steps")
 #: OmegaConf resolver ``${dpsbi_run_id:}``: a random token, the same throughout one composed config (cached),
 #: that makes the default run and sweep directories of runs started in the same second differ.
 RUN_ID_RESOLVER = "dpsbi_run_id"

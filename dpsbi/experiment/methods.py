@@ -158,7 +158,7 @@ def _estimator(method: Method, task: Task, settings: dict, *, seed: int, checkpo
 def budget_settings(method: Method, budget: dict) -> dict:
     """The settings that the neural ``budget`` (``{key: value}``) gives ``method``: a key the estimator takes
     as an argument (``rounds``, ``sims_per_round``, ``inner_samples``) as it is, a key of
-    :class:`~dpsbi.inference.training.TrainingSettings` (``max_epochs``) in ``training``. Other keys
+    :class:`~dpsbi.inference.training.TrainingSettings` (``max_epochs``, ``max_steps``) in ``training``. Other keys
     (NaiveNPE's ``inner_samples``, fixed at 1) are left out, and a classical baseline gets nothing."""
     if not method.neural:
         return {}

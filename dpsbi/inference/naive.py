@@ -22,6 +22,7 @@ class NaiveNPE(SequentialEstimator):
     ``training``, ``seed``, ...); it uses one release per summary (``inner_samples=1``, no RQMC)."""
 
     method = "NaiveNPE"
+    paper_settings = {"rounds": 10, "sims_per_round": 1000}
 
     def __init__(self, task: Task, rounds: int = 10, sims_per_round: int = 1000, **kwargs) -> None:
         if task.mechanism.input_dim != task.dim_s:

@@ -30,6 +30,7 @@ class SPPE(SequentialEstimator):
     """
 
     method = "SPPE"
+    paper_settings = {**SequentialEstimator.paper_settings, "atoms": 10}
 
     def __init__(
         self,

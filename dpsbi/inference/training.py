@@ -21,15 +21,20 @@ from .settings import Settings
 
 #: ``loss(flow, batch, generator) -> scalar``: a batch is the tuple of tensors of the dataset.
 Loss = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], Tensor]
+#: Learning-rate schedules within a round (see :class:`TrainingSettings`).
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
 class TrainingSettings(Settings):
     """Settings of every round's training (defaults: the paper's): Adam with ``lr`` and ``weight_decay`` on
     batches of ``batch_size``, gradient norm clipped at ``clip``; a round stops when the validation loss has
-    not improved for ``patience`` epochs (or after ``max_epochs``, ``None``: no limit); ``validation_fraction``
-    of each round's simulations are held out for that loss; ``accelerator``, ``devices`` and ``precision`` go
-    to Lightning's ``Trainer`` ("auto" uses a GPU when there is one)."""
+    not improved for ``patience`` epochs, after ``max_epochs`` or after ``max_steps`` gradient steps (``None``:
+    no limit). ``lr_schedule`` is ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0
+    over the round's ``max_steps``, which it needs; every round starts again from ``lr``).
+    ``validation_fraction`` of each round's simulations are held out for the validation loss;
+    ``accelerator``, ``devices`` and ``precision`` go to Lightning's ``Trainer`` ("auto" uses a GPU when there
+    is one)."""
 
     label: ClassVar[str] = "training"
     batch_size: int = 100
@@ -38,6 +43,8 @@ class TrainingSettings(Settings):
     clip: float = 5.0
     patience: int = 20
     max_epochs: int | None = None
+    max_steps: int | None = None
+    lr_schedule: str = "constant"
     validation_fraction: float = 0.05
     accelerator: str = "auto"
     devices: int | str | list = 1
@@ -51,11 +58,16 @@ class TrainingSettings(Settings):
             "clip": self.clip > 0,
             "patience": self.patience >= 1,
             "max_epochs": self.max_epochs is None or self.max_epochs >= 1,
+            "max_steps": self.max_steps is None or self.max_steps >= 1,
+            "lr_schedule": self.lr_schedule in LR_SCHEDULES,
             "validation_fraction": 0 < self.validation_fraction < 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
-            raise ValueError(f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}")
+            hint = f" (lr_schedule: one of {LR_SCHEDULES})" if "lr_schedule" in bad else ""
+            raise ValueError(f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}{hint}")
+        if self.lr_schedule == "cosine" and self.max_steps is None:
+            raise ValueError("training lr_schedule='cosine' decays over a round's max_steps: set max_steps (e.g. 500)")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -65,15 +77,19 @@ class NonFiniteLossError(RuntimeError):
 class LossModule(pl.LightningModule):
     """Trains ``flow`` on ``loss``. Every training step draws fresh mechanism noise from a generator seeded
     with ``train_seed``; every validation epoch reuses the same noise (``val_seed``), so that validation
-    losses of different epochs differ only through the weights. Keeps the best weights seen.
+    losses of different epochs differ only through the weights. Keeps the best weights seen. A cosine
+    ``lr_schedule`` decays the learning rate to 0 over ``total_steps``, the round's step budget.
 
     A non-finite loss raises :class:`NonFiniteLossError` naming ``label`` (e.g. ``"SPPE round 2"``), the
     epoch and the step. Training steps record the first bad step on the device and are checked once per
     epoch, so that no step waits for the host."""
 
-    def __init__(self, flow: nn.Module, loss: Loss, settings: TrainingSettings, train_seed: int, val_seed: int, label: str = "training") -> None:
+    def __init__(
+        self, flow: nn.Module, loss: Loss, settings: TrainingSettings, train_seed: int, val_seed: int, label: str = "training",
+        total_steps: int | None = None,
+    ) -> None:
         super().__init__()
-        self.flow, self.loss, self.settings, self.label = flow, loss, settings, label
+        self.flow, self.loss, self.settings, self.label, self.total_steps = flow, loss, settings, label, total_steps
         self.train_seed, self.val_seed = train_seed, val_seed
         self.best_loss, self.best_state, self.epochs = math.inf, None, 0
 
@@ -118,8 +134,12 @@ class LossModule(pl.LightningModule):
             "produced NaN/inf (check the summaries' scale, or lower lr)"
         )
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.flow.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.flow.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        if self.settings.lr_schedule == "constant":
+            return optimizer
+        cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": cosine, "interval": "step"}}
 
 
 @contextlib.contextmanager
@@ -162,6 +182,15 @@ def _loader(data: TensorDataset, batch_size: int, shuffle: torch.Generator | Non
     return DataLoader(data, sampler=Batches(len(data), batch_size, shuffle), batch_size=None)
 
 
+def epoch_budget(settings: TrainingSettings, batches_per_epoch: int) -> int | None:
+    """The most epochs of a round: ``max_epochs``, and ``max_steps`` rounded up to whole epochs (so that the
+    last weights are validated, and the cosine schedule ends with the last epoch); ``None``: no limit."""
+    limits = [settings.max_epochs] if settings.max_epochs is not None else []
+    if settings.max_steps is not None:
+        limits.append(math.ceil(settings.max_steps / batches_per_epoch))
+    return min(limits) if limits else None
+
+
 def fit_flow(
     flow: nn.Module,
     loss: Loss,
@@ -173,17 +202,20 @@ def fit_flow(
     label: str = "training",
 ) -> dict:
     """Train ``flow`` in place with one Lightning ``Trainer`` until the validation loss has not improved
-    for ``patience`` epochs (or ``max_epochs``), then restore its best weights; the flow stays on the
+    for ``patience`` epochs (or ``max_epochs`` / ``max_steps``), then restore its best weights; the flow stays on the
     training device. A non-finite loss raises :class:`NonFiniteLossError` naming ``label``. Returns
-    ``{"epochs", "best_val_loss"}``."""
+    ``{"epochs", "steps", "best_val_loss"}``."""
     shuffle = torch.Generator().manual_seed(derive_seed(seed, "shuffle"))
-    module = LossModule(flow, loss, settings, derive_seed(seed, "noise"), derive_seed(seed, "validation"), label)
+    batches = _loader(train, settings.batch_size, shuffle)
+    epochs = epoch_budget(settings, len(batches))
+    module = LossModule(flow, loss, settings, derive_seed(seed, "noise"), derive_seed(seed, "validation"), label,
+                        total_steps=None if epochs is None else epochs * len(batches))
     with _quiet(progress):
         trainer = pl.Trainer(
             accelerator=settings.accelerator,
             devices=settings.devices,
             precision=settings.precision,
-            max_epochs=-1 if settings.max_epochs is None else settings.max_epochs,
+            max_epochs=-1 if epochs is None else epochs,
             gradient_clip_val=settings.clip,
             callbacks=[EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min", check_finite=False)],
             num_sanity_val_steps=0,
@@ -192,9 +224,9 @@ def fit_flow(
             enable_checkpointing=False,
             logger=False,
         )
-        trainer.fit(module, _loader(train, settings.batch_size, shuffle), _loader(val, settings.batch_size))
+        trainer.fit(module, batches, _loader(val, settings.batch_size))
     if module.best_state is None:
         raise RuntimeError("training produced no finite validation loss")
     flow.load_state_dict(module.best_state)
     flow.to(trainer.strategy.root_device)
-    return {"epochs": module.epochs, "best_val_loss": module.best_loss}
+    return {"epochs": module.epochs, "steps": trainer.global_step, "best_val_loss": module.best_loss}
