@@ -204,7 +204,15 @@ def test_one_budget_sets_every_neural_method():
     assert settings["sppe"]["inner_samples"] == settings["sple"]["inner_samples"] == 8 and "inner_samples" not in settings["naive_npe"]
     assert not {"rounds", "training"} & set(settings["smc_abc"])  # the classical baselines ignore it
     unset = {method.name: s for method, s in plan(config("companions=[sple,naive_npe]")).methods}
-    assert (unset["sppe"]["rounds"], unset["sple"]["sims_per_round"], unset["naive_npe"]["training"]["max_epochs"]) == (2, 500, 20)
+    assert (unset["sppe"]["rounds"], unset["sple"]["sims_per_round"], unset["naive_npe"]["training"]["max_steps"]) == (6, 1000, 500)
+
+
+@pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])
+def test_the_method_configs_are_the_library_defaults(method):
+    """``dpsbi-run method=sppe`` fits what ``dpsbi.SPPE(task)`` fits: configs/method/*.yaml state the defaults."""
+    (chosen, settings), = plan(config(f"method={method}", "companions=[]", "trainer=cpu")).methods
+    task = dpsbi.tasks.load("regression", epsilon=1.0)
+    assert chosen.load()(task, **settings, progress=False).fingerprint() == chosen.load()(task, training=dict(accelerator="cpu"), progress=False).fingerprint()
 
 
 @pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])

@@ -63,7 +63,8 @@ class SequentialEstimator(abc.ABC):
     release, and the simulator: a few stored parameters are re-simulated with their stored seed).
     ``on_round_end(round_index, posterior, num_simulations)`` is called after each round.
 
-    Arguments (defaults: the paper's settings): ``rounds`` x ``sims_per_round`` simulations;
+    Arguments (each estimator's defaults are measured to reach the reference fast on a CPU; :meth:`paper`
+    gives the paper's settings): ``rounds`` x ``sims_per_round`` simulations;
     ``inner_samples`` releases per stored summary at every step, from scrambled Sobol points
     (``qmc=True``, a power of two) or plain uniforms. The grouped settings, each an instance or a dict of
     its fields: ``flow`` (:class:`~dpsbi.inference.flows.FlowConfig`: the flow's architecture) and
@@ -72,6 +73,9 @@ class SequentialEstimator(abc.ABC):
     """
 
     method: ClassVar[str]
+    #: Training settings in which this estimator's defaults differ from :class:`TrainingSettings`'; a ``training``
+    #: dict is applied over them, a ``TrainingSettings`` instance replaces them.
+    training_defaults: ClassVar[dict] = {}
     #: The main paper's budget (with :data:`PAPER_TRAINING`): 10 rounds of 1000 simulations, M = 32 RQMC releases.
     paper_settings: ClassVar[dict] = {"rounds": 10, "sims_per_round": 1000, "inner_samples": 32, "qmc": True}
 
@@ -92,9 +96,9 @@ class SequentialEstimator(abc.ABC):
     def __init__(
         self,
         task: Task,
-        rounds: int = 10,
+        rounds: int = 6,
         sims_per_round: int = 1000,
-        inner_samples: int = 32,
+        inner_samples: int = 8,
         qmc: bool = True,
         *,
         flow: FlowConfig | dict | None = None,
@@ -113,7 +117,7 @@ class SequentialEstimator(abc.ABC):
             )
         if qmc and inner_samples & (inner_samples - 1):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
-        self.settings = TrainingSettings.coerce(training)
+        self.settings = TrainingSettings.coerce({**self.training_defaults, **(training or {})} if training is None or isinstance(training, dict) else training)
         if round(self.settings.validation_fraction * sims_per_round) >= sims_per_round:
             raise ValueError(f"validation_fraction={self.settings.validation_fraction} leaves no training data of {sims_per_round} simulations")
         task.validate()

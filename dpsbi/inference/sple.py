@@ -30,9 +30,9 @@ class SPLE(SequentialEstimator):
     def __init__(
         self,
         task: Task,
-        rounds: int = 10,
+        rounds: int = 6,
         sims_per_round: int = 1000,
-        inner_samples: int = 32,
+        inner_samples: int = 8,
         qmc: bool = True,
         mcmc: MCMCConfig | dict | None = None,
         dequantize: bool = True,

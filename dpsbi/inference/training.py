@@ -27,10 +27,12 @@ LR_SCHEDULES = ("constant", "cosine")
 
 @dataclass(frozen=True)
 class TrainingSettings(Settings):
-    """Settings of every round's training (defaults: the paper's): Adam with ``lr`` and ``weight_decay`` on
-    batches of ``batch_size``, gradient norm clipped at ``clip``; a round stops when the validation loss has
-    not improved for ``patience`` epochs, after ``max_epochs`` or after ``max_steps`` gradient steps (``None``:
-    no limit). ``lr_schedule`` is ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0
+    """Settings of every round's training: Adam with ``lr`` and ``weight_decay`` on batches of ``batch_size``,
+    gradient norm clipped at ``clip``; a round stops when the validation loss has not improved for
+    ``patience`` epochs, after ``max_epochs`` or after ``max_steps`` gradient steps (``None``: no limit).
+    The defaults are measured for a CPU (docs/RESULTS.md, "Fast by default"): 500 steps a round whatever the
+    number of simulations, the learning rate decaying from 1e-3 on a cosine; the paper trained open-ended
+    rounds at a constant 5e-4 (:data:`~dpsbi.inference.estimator.PAPER_TRAINING`). ``lr_schedule`` is ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0
     over the round's ``max_steps``, which it needs; every round starts again from ``lr``).
     ``validation_fraction`` of each round's simulations are held out for the validation loss;
     ``accelerator``, ``devices`` and ``precision`` go to Lightning's ``Trainer`` ("auto" uses a GPU when there
@@ -38,13 +40,13 @@ class TrainingSettings(Settings):
 
     label: ClassVar[str] = "training"
     batch_size: int = 100
-    lr: float = 5e-4
+    lr: float = 1e-3
     weight_decay: float = 1e-4
     clip: float = 5.0
     patience: int = 20
     max_epochs: int | None = None
-    max_steps: int | None = None
-    lr_schedule: str = "constant"
+    max_steps: int | None = 500
+    lr_schedule: str = "cosine"
     validation_fraction: float = 0.05
     accelerator: str = "auto"
     devices: int | str | list = 1
