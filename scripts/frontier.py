@@ -59,6 +59,17 @@ def schedule(row: dict) -> str:
     return row.get("schedule", f"<= {row.get('max_epochs', 20)} epochs")
 
 
+def short(label: str) -> str:
+    """A schedule label for tables: ``--training`` JSON as e.g. ``"500 steps, cosine, lr 0.001"``."""
+    if not label.startswith("{"):
+        return label
+    training = json.loads(label)
+    parts = [f"{training.pop('max_steps')} steps" if training.get("max_steps") else None,
+             training.pop("lr_schedule", None), f"lr {training.pop('lr')}" if "lr" in training else None]
+    parts += [f"{k} {v}" for k, v in training.items() if v is not None]
+    return ", ".join(p for p in parts if p)
+
+
 def done(out: Path) -> set[tuple]:
     """``(method, M, qmc, schedule, seed)`` of the configurations the output file holds as complete."""
     if not out.is_file():
@@ -143,7 +154,7 @@ def report(args: argparse.Namespace) -> None:
         best = min(rs, key=lambda r: r["c2st"])
         first = f"{hit['seconds']:.0f} s / {hit['num_simulations']}" if hit else "not reached"
         task, eps, sim, method, m, qmc, training, seed = key
-        print(f"| {task}{'' if sim == 'default' else f' ({sim})'} | {eps:g} | {method.upper()} | {m} | {'RQMC' if qmc else 'MC'} | {training} | {seed} | {first} | {best['c2st']:.3f} ({best['seconds']:.0f} s, {best['round']}) | {len(rs)} |")
+        print(f"| {task}{'' if sim == 'default' else f' ({sim})'} | {eps:g} | {method.upper()} | {m} | {'RQMC' if qmc else 'MC'} | {short(training)} | {seed} | {first} | {best['c2st']:.3f} ({best['seconds']:.0f} s, {best['round']}) | {len(rs)} |")
     if args.figure:
         plot(groups, args.figure)
 
@@ -161,7 +172,7 @@ def plot(groups: dict, path: Path) -> None:
             if (key[0], key[1], key[3]) != panel:
                 continue
             rs = sorted(rs, key=lambda r: r["round"])
-            label = f"M={key[4]} {'RQMC' if key[5] else 'MC'} {key[6]} seed {key[7]}"
+            label = f"M={key[4]} {'RQMC' if key[5] else 'MC'}, {short(key[6])}, seed {key[7]}"
             for ax, x in zip(axes[row], ("seconds", "num_simulations")):
                 ax.plot([r[x] for r in rs], [r["c2st"] for r in rs], marker="o", label=label)
         for ax, x in zip(axes[row], ("wall time (s, one core)", "simulations")):

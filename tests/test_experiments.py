@@ -204,7 +204,7 @@ def test_one_budget_sets_every_neural_method():
     assert settings["sppe"]["inner_samples"] == settings["sple"]["inner_samples"] == 8 and "inner_samples" not in settings["naive_npe"]
     assert not {"rounds", "training"} & set(settings["smc_abc"])  # the classical baselines ignore it
     unset = {method.name: s for method, s in plan(config("companions=[sple,naive_npe]")).methods}
-    assert (unset["sppe"]["rounds"], unset["sple"]["sims_per_round"], unset["naive_npe"]["training"]["max_steps"]) == (6, 1000, 500)
+    assert (unset["sppe"]["rounds"], unset["sple"]["sims_per_round"], unset["naive_npe"]["training"]["max_steps"]) == (10, 1000, 500)
 
 
 @pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])

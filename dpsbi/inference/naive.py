@@ -16,15 +16,15 @@ class NaiveNPE(SequentialEstimator):
     mechanism's noise (overconfident, biased).
 
     ``rounds`` and ``sims_per_round`` are the simulation budget of the sequential methods, spent at once:
-    NaiveNPE trains one round on ``rounds * sims_per_round`` prior draws (the defaults, 6 x 1000, match
-    SPPE's and SPLE's), so that one budget gives every neural method the same number of simulations. Takes
+    NaiveNPE trains one round on ``rounds * sims_per_round`` prior draws (the defaults, 10 x 1000, match
+    SPPE's), so that one budget gives every neural method the same number of simulations. Takes
     the keyword arguments of :class:`~dpsbi.inference.estimator.SequentialEstimator` (``flow``,
     ``training``, ``seed``, ...); it uses one release per summary (``inner_samples=1``, no RQMC)."""
 
     method = "NaiveNPE"
     paper_settings = {"rounds": 10, "sims_per_round": 1000}
 
-    def __init__(self, task: Task, rounds: int = 6, sims_per_round: int = 1000, **kwargs) -> None:
+    def __init__(self, task: Task, rounds: int = 10, sims_per_round: int = 1000, **kwargs) -> None:
         if task.mechanism.input_dim != task.dim_s:
             raise ValueError(
                 f"NaiveNPE conditions on the confidential summary in place of the release, but task {task.name!r} "

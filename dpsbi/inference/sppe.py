@@ -38,7 +38,7 @@ class SPPE(SequentialEstimator):
     def __init__(
         self,
         task: Task,
-        rounds: int = 6,
+        rounds: int = 10,
         sims_per_round: int = 1000,
         inner_samples: int = 1,
         qmc: bool = False,
