@@ -182,7 +182,7 @@ def test_sir_reference_says_it_is_approximate(tmp_path):
         (["budget.sims_per_round=many"], "budget.sims_per_round must be a positive integer or null, got 'many'"),
         (["budget.max_epochs=1.5"], "budget.max_epochs must be a positive integer or null, got 1.5"),
         (["+budget.epochs=3"], "unknown budget keys ['epochs']; known: rounds, sims_per_round, inner_samples, max_epochs, max_steps"),
-        (["budget.inner_samples=3"], "method 'sppe': RQMC (qmc=True) needs inner_samples a power of two, got 3"),
+        (["method=sple", "budget.inner_samples=3"], "method 'sple': RQMC (qmc=True) needs inner_samples a power of two, got 3"),
     ],
 )
 def test_bad_config_values_fail_at_start(overrides, message, tmp_path):

@@ -137,7 +137,7 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(inner_samples=12), "power of two"),
+        (dict(inner_samples=12, qmc=True), "power of two"),
         (dict(rounds=0), "rounds"),
         (dict(training=dict(validation_fraction=0.0)), "validation_fraction"),
         (dict(training=dict(validation_fraction=0.9), sims_per_round=2), "leaves no training data"),
@@ -149,7 +149,7 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
         (dict(training=dict(epochs=3)), "unknown training settings"),
         (dict(training=dict(max_steps=0)), "max_steps=0"),
         (dict(training=dict(lr_schedule="linear")), r"lr_schedule='linear'.*one of \('constant', 'cosine'\)"),
-        (dict(training=dict(lr_schedule="cosine")), "decays over a round's max_steps: set max_steps"),
+        (dict(training=dict(lr_schedule="cosine", max_steps=None)), "decays over a round's max_steps: set max_steps"),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(task, kwargs, match):

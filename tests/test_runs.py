@@ -260,7 +260,7 @@ def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
     [
         (["method.rounds=0"], "method 'sppe': .*rounds"),  # the main method is sppe
         (["method.sims_per_round=-5"], "method 'sppe': .*sims_per_round"),
-        (["method.inner_samples=3"], "method 'sppe': .*inner_samples"),
+        (["method.qmc=true", "method.inner_samples=3"], "method 'sppe': .*inner_samples"),
         (["method.flow.hidden=0"], "method 'sppe': .*hidden"),
         (["companions=[naive_npe]", "+method_settings.naive_npe.sims_per_round=1"], "method 'naive_npe': .*sims_per_round"),
         (["method.training.patience=0"], "method 'sppe': .*patience"),

@@ -27,6 +27,11 @@ class SPPE(SequentialEstimator):
     per round) and keep the plain loss of round 0 on all simulations: no atoms, ``atoms`` times fewer flow
     evaluations per step, no leakage; the posterior is valid inside that region. See
     :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
+
+    Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
+    rounds of 1000 simulations, one plain-MC release per simulation at every step (an atomic step at M = 8
+    costs ~6x more and bought no accuracy per second there), 1000 gradient steps a round with a cosine
+    learning rate from 1e-3. :meth:`paper` gives the paper's settings (M = 32 RQMC, open-ended rounds).
     """
 
     method = "SPPE"
