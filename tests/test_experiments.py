@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,19 @@ def test_every_task_method_pair_composes_and_runs_or_is_refused_clearly(task):
                 plan(cfg)
             assert str(refusal.value).startswith(f"method {method!r} cannot run on task {task!r}: ")
             assert len(str(refusal.value)) > 60  # and says why
+
+
+def test_wall_time_is_the_fitting_time_so_far(tmp_path, monkeypatch):
+    """A clock that ticks 10 s a reading: the runner reads it at the start, then twice a round (before and after
+    scoring), so the rounds' fitting times so far are 10, 20, 30 s. It reported 10, 30, 60 s before the fix (each
+    round added the total so far to the previous round's)."""
+    from dpsbi.experiment import runner
+
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    cfg = config("method=sppe", *TINY["sppe"], "method.rounds=3", *QUICK, f"reference.cache_dir={tmp_path / 'cache'}")
+    run_experiment(cfg, tmp_path / "run")
+    assert [r["wall_time"] for r in read_rows(tmp_path / "run" / "sppe" / "rounds.json")] == [10.0, 20.0, 30.0]
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -118,13 +118,15 @@ def _fit_and_score(method: methods.Method, settings: dict, plan: config.Plan, cf
     rows = read_rows(directory / ROWS) if (directory / ROWS).is_file() else []
     if method.neural:
         _restore_scored_checkpoint(checkpoints)
+    # Wall time: that of the rounds a killed run already reported, plus this process's fitting time so far.
+    resumed = rows[-1]["wall_time"] if rows else 0.0
     start, scoring = time.perf_counter(), 0.0
 
     def on_round(index: int, draws: Tensor, num_simulations: int, state: Any) -> None:
         nonlocal rows, scoring
         tic = time.perf_counter()
         earlier = [row for row in rows if row["round"] < index]  # a round reported again replaces its row
-        elapsed = (earlier[-1]["wall_time"] if earlier else 0.0) + tic - start - scoring
+        elapsed = resumed + tic - start - scoring
         save_state(state, directory / "rounds" / f"round_{index:02d}.pt")
         write_draws(directory / f"samples_round_{index:02d}.csv", draws, names)
         row = {"task": task.name, "epsilon": task.epsilon, "method": method.name, "round": index,
