@@ -11,8 +11,8 @@ and plain MC vs RQMC.
 
 ``run`` appends one JSON line per round to ``--out`` as it goes (a killed run loses at most a round; a
 configuration and seed already complete in the file is skipped), and stops a configuration after the
-first round that ends past ``--seconds`` of fitting. ``--training`` (JSON) overrides training settings of
-every configuration (a step budget and learning-rate schedule instead of ``--max-epochs``); ``--defaults``
+first round that ends past ``--seconds`` of fitting. ``--training`` (JSON) gives the training settings of
+every configuration in place of ``--max-epochs`` (unnamed ones keep the library's defaults); ``--defaults``
 runs the estimator exactly as ``SPPE(task)`` / ``SPLE(task)`` builds it (its default budget and training),
 for as many rounds as the defaults have. Wall time counts simulation, training and the 2000
 draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. ``report`` prints
@@ -93,29 +93,25 @@ def run(args: argparse.Namespace) -> None:
     print(f"reference: {reference.note}", flush=True)
     finished = done(args.out)
     estimator = {"sppe": dpsbi.SPPE, "sple": dpsbi.SPLE, "tsppe": functools.partial(dpsbi.SPPE, truncate=TRUNCATE)}[args.method]
-    configs = [(None, None)] if args.defaults else parse_configs(args.configs)
+    configs = [{}] if args.defaults else [
+        dict(rounds=args.rounds, sims_per_round=args.sims_per_round, inner_samples=m, qmc=qmc,
+             training=args.training or {"max_epochs": args.max_epochs})
+        for m, qmc in parse_configs(args.configs)
+    ]
     for seed in args.seeds:
-        for m, qmc in configs:
-            probe = estimator(task, progress=False) if args.defaults else None
-            key = (args.method, probe.inner_samples if probe else m, probe.qmc if probe else qmc, label(args), seed)
-            if key in finished:
-                continue
-            fit_configuration(estimator, task, task_config, reference.samples, m, qmc, seed, args)
+        for settings in configs:
+            fitted = estimator(task, seed=seed, progress=False, **settings)
+            if (args.method, fitted.inner_samples, fitted.qmc, label(args), seed) not in finished:
+                fit_configuration(fitted, reference.samples, seed, args)
 
 
-def fit_configuration(estimator, task, task_config: dict, reference: torch.Tensor, m: int, qmc: bool, seed: int, args) -> None:
-    """Fit one configuration round by round, appending a JSON line per round; stops after ``args.seconds``."""
+def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
+    """Fit the estimator ``fitted`` round by round, appending a JSON line per round; stops after ``args.seconds``."""
     clock = {"start": time.perf_counter(), "scoring": 0.0}
+    rounds = fitted.rounds
 
     class Enough(Exception):
         pass
-
-    kwargs = dict(seed=seed, progress=False)
-    if not args.defaults:
-        training = {"max_epochs": args.max_epochs, **(args.training or {})}
-        kwargs.update(rounds=args.rounds, sims_per_round=args.sims_per_round, inner_samples=m, qmc=qmc, training=training)
-    fitted = estimator(task, **kwargs)
-    rounds = fitted.rounds
 
     def on_round(index: int, posterior, num_simulations: int) -> None:
         draws = posterior.sample((DRAWS,), seed=seed)

@@ -88,9 +88,7 @@ class SequentialEstimator(abc.ABC):
         so far, and each SPPE step evaluates the flow ``batch x 32 x atoms`` = 32 000 times (1.4 s on one CPU
         core). On one core a regression fit extrapolates to about 10 hours (docs/RESULTS.md); the paper reports
         18 minutes for SIR on GPUs. Use it on a GPU, or to reproduce the paper; the defaults are for a CPU."""
-        training = kwargs.pop("training", None)
-        if training is None or isinstance(training, dict):
-            training = {**PAPER_TRAINING, **(training or {})}
+        training = TrainingSettings.coerce(kwargs.pop("training", None), PAPER_TRAINING)
         return cls(task, **{**cls.paper_settings, **kwargs, "training": training})
 
     def __init__(
@@ -117,7 +115,7 @@ class SequentialEstimator(abc.ABC):
             )
         if qmc and inner_samples & (inner_samples - 1):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
-        self.settings = TrainingSettings.coerce({**self.training_defaults, **(training or {})} if training is None or isinstance(training, dict) else training)
+        self.settings = TrainingSettings.coerce(training, self.training_defaults)
         if round(self.settings.validation_fraction * sims_per_round) >= sims_per_round:
             raise ValueError(f"validation_fraction={self.settings.validation_fraction} leaves no training data of {sims_per_round} simulations")
         task.validate()

@@ -10,13 +10,14 @@ class Settings:
     fields (unknown keys raise, naming them) or ``None`` (the defaults); ``to_dict`` goes back."""
 
     @classmethod
-    def coerce(cls, value):
-        if value is None:
-            return cls()
+    def coerce(cls, value, defaults: dict | None = None):
+        """``value`` as settings: an instance as it is; a dict or ``None`` applied over ``defaults`` (field
+        values that differ from the class's own defaults)."""
         if isinstance(value, cls):
             return value
-        if not isinstance(value, dict):
+        if value is not None and not isinstance(value, dict):
             raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+        value = {**(defaults or {}), **(value or {})}
         known = cls.field_names()
         unknown = sorted(set(value) - set(known))
         if unknown:
