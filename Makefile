@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: setup run test bench clean
+.PHONY: setup run lint test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,12 @@ setup: $(VENV)/.installed
 run: setup
 	$(VENV)/bin/dpsbi-run budget.rounds=3
 
-test: setup
+# Lint and format checks first (ruff, configured in pyproject.toml), then the suite.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest -q
 
 clean:

@@ -58,7 +58,10 @@ def _job(cfg) -> None:
         run_experiment(cfg, output_dir, records=_hydra_records(cfg, hydra_config))
     except BusyError as error:  # another process writes this directory: touch nothing there
         raise SystemExit(f"dpsbi-run: {error}") from None
-    except (ConfigError, SimulationBudgetExceeded) as error:  # a bad value, or a method out of budget: one line
+    except (
+        ConfigError,
+        SimulationBudgetExceeded,
+    ) as error:  # a bad value, or a method out of budget: one line
         kind = "config error" if isinstance(error, ConfigError) else "out of simulation budget"
         message = f"dpsbi-run: {kind}: {error}"
         if hydra_config.mode != RunMode.MULTIRUN:
@@ -113,7 +116,11 @@ def _posterior_path(target: Path, method: str | None) -> tuple[Path, Path | None
         method = OmegaConf.load(target / "config.yaml").method.name
     path = target / method / "posterior.pt"
     if not path.is_file():
-        saved = "its draws at y_obs are in samples.csv" if (target / method / "samples.csv").is_file() else "nothing was saved"
+        saved = (
+            "its draws at y_obs are in samples.csv"
+            if (target / method / "samples.csv").is_file()
+            else "nothing was saved"
+        )
         raise ValueError(
             f"{method!r} in {target} has no saved posterior ({path} missing): it is not an amortized neural "
             f"posterior and cannot be sampled at a new release; {saved}"
@@ -134,11 +141,16 @@ def sample(argv: list[str] | None = None) -> None:
     run's observed release) and write them as CSV."""
     parser = argparse.ArgumentParser(prog="dpsbi-sample", description=sample.__doc__)
     parser.add_argument("target", type=Path, help="a run directory of dpsbi-run, or a saved posterior (.pt)")
-    parser.add_argument("--release", help="the release, comma or space separated (default: the run's y_obs); write --release=-0.4,2.9 when it starts with a minus")
+    parser.add_argument(
+        "--release",
+        help="the release, comma or space separated (default: the run's y_obs); write --release=-0.4,2.9 when it starts with a minus",
+    )
     parser.add_argument("--release-file", help="a file holding the release (.csv/.txt, .npy, .pt, .json)")
     parser.add_argument("--method", help="which method of the run (default: the run's main method)")
     parser.add_argument("-n", "--num-samples", type=int, default=1000)
-    parser.add_argument("-o", "--output", type=Path, help="CSV file for the draws (default: print a summary only)")
+    parser.add_argument(
+        "-o", "--output", type=Path, help="CSV file for the draws (default: print a summary only)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from . import load_posterior
@@ -159,7 +171,10 @@ def sample(argv: list[str] | None = None) -> None:
     names = (task or posterior.task).parameter_names
     if args.output is not None:
         write_draws(args.output, draws, names)
-    rows = [{"parameter": n, "mean": float(m), "sd": float(s)} for n, m, s in zip(names, draws.mean(0), draws.std(0))]
+    rows = [
+        {"parameter": n, "mean": float(m), "sd": float(s)}
+        for n, m, s in zip(names, draws.mean(0), draws.std(0))
+    ]
     print(format_table(rows, ("parameter", "mean", "sd")))
     print(f"{args.num_samples} draws from {path}" + (f" written to {args.output}" if args.output else ""))
 
@@ -175,4 +190,3 @@ def compare(argv: list[str] | None = None) -> None:
         compare_runs(args.root)
     except FileNotFoundError as error:
         raise SystemExit(f"dpsbi-compare: error: {error}") from None
-

@@ -16,8 +16,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 #: Outcomes of loading a damaged file: refused with an error, loaded giving the intact file's result,
 #: or loaded giving something else (the silent failure that must never happen).
@@ -40,7 +40,9 @@ def truncate(path: Path, rng: random.Random) -> None:
     path.write_bytes(data[: rng.randrange(len(data))])
 
 
-def damaged_copies(source: Path, directory: Path, rng: random.Random, flips: int, truncations: int) -> Iterator[tuple[str, Path]]:
+def damaged_copies(
+    source: Path, directory: Path, rng: random.Random, flips: int, truncations: int
+) -> Iterator[tuple[str, Path]]:
     """``(kind, path)`` of ``flips`` byte-flipped and ``truncations`` truncated copies of ``source``, one at a
     time in ``directory`` under ``source``'s name (each replaces the previous one)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,9 @@ def damaged_copies(source: Path, directory: Path, rng: random.Random, flips: int
 REFUSALS = (ValueError, RuntimeError)
 
 
-def judge(load: Callable[[], object], intact: object, refusal: tuple[type[BaseException], ...] = REFUSALS) -> str:
+def judge(
+    load: Callable[[], object], intact: object, refusal: tuple[type[BaseException], ...] = REFUSALS
+) -> str:
     """Run ``load()``: :data:`REFUSED` if it raises one of ``refusal``, :data:`IDENTICAL` if it returns
     ``intact`` (compared with ``==``), :data:`DIFFERENT` otherwise. Any other exception propagates."""
     try:
@@ -66,10 +70,20 @@ def judge(load: Callable[[], object], intact: object, refusal: tuple[type[BaseEx
     return IDENTICAL if result == intact else DIFFERENT
 
 
-def corruption_trials(source: Path, directory: Path, load: Callable[[Path], object], rng: random.Random, flips: int, truncations: int) -> Counter:
+def corruption_trials(
+    source: Path,
+    directory: Path,
+    load: Callable[[Path], object],
+    rng: random.Random,
+    flips: int,
+    truncations: int,
+) -> Counter:
     """Counts of outcomes over damaged copies of ``source``, each judged against ``load(source)``."""
     intact = load(source)
-    return Counter(judge(lambda: load(path), intact) for _, path in damaged_copies(source, directory, rng, flips, truncations))
+    return Counter(
+        judge(lambda: load(path), intact)
+        for _, path in damaged_copies(source, directory, rng, flips, truncations)
+    )
 
 
 # ---- processes ------------------------------------------------------------------------------------------
@@ -81,8 +95,13 @@ def dpsbi_run(args: Sequence[str]) -> list[str]:
 def start(args: Sequence[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
     """Start ``dpsbi-run args`` in its own process group, output captured."""
     return subprocess.Popen(
-        dpsbi_run(args), cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        dpsbi_run(args),
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -97,9 +116,18 @@ def kill_after(process: subprocess.Popen, seconds: float) -> bool:
         return True
 
 
-def finish(args: Sequence[str], cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def finish(
+    args: Sequence[str], cwd: Path, env: dict | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run ``dpsbi-run args`` to its end."""
-    return subprocess.run(dpsbi_run(args), cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        dpsbi_run(args),
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_outputs(run_dir: Path) -> dict:

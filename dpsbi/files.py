@@ -14,8 +14,8 @@ import contextlib
 import hashlib
 import os
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from filelock import FileLock, Timeout
@@ -106,7 +106,9 @@ def load_sealed(path: str | os.PathLike, what: str, map_location=None) -> dict:
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # truncated, flipped bytes in the archive, or a pickle of arbitrary objects
-        raise CorruptFileError(f"{path} is not a readable {what} ({type(error).__name__}: {_first_line(error)})") from None
+        raise CorruptFileError(
+            f"{path} is not a readable {what} ({type(error).__name__}: {_first_line(error)})"
+        ) from None
     if not isinstance(payload, dict) or not isinstance(payload.get(SEAL), str):
         raise CorruptFileError(f"{path} is not a {what} written by this dpsbi (no checksum); refusing it")
     stored = payload.pop(SEAL)
@@ -115,7 +117,9 @@ def load_sealed(path: str | os.PathLike, what: str, map_location=None) -> dict:
     except TypeError as error:
         raise CorruptFileError(f"{path} is not a {what} ({error})") from None
     if actual != stored:
-        raise CorruptFileError(f"{path}: checksum mismatch, the {what} is corrupt (damaged or edited bytes); refusing it")
+        raise CorruptFileError(
+            f"{path}: checksum mismatch, the {what} is corrupt (damaged or edited bytes); refusing it"
+        )
     return payload
 
 
@@ -134,7 +138,9 @@ def exclusive(lock_path: str | os.PathLike, what: str, timeout: float = -1) -> I
     try:
         lock.acquire()
     except Timeout:
-        raise BusyError(f"{what} is in use by another process (lock file {lock_path}); wait for it or use another directory") from None
+        raise BusyError(
+            f"{what} is in use by another process (lock file {lock_path}); wait for it or use another directory"
+        ) from None
     try:
         yield
     finally:

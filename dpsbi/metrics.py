@@ -26,7 +26,9 @@ def _check_pair(a: Tensor, b: Tensor, metric: str, min_rows: int = 2) -> tuple[T
     argument at fault and the problem: shapes, fewer than ``min_rows`` rows, rows with NaN/inf."""
     a, b = torch.as_tensor(a), torch.as_tensor(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"{metric}: a and b must be (n, d) and (m, d) with the same d, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"{metric}: a and b must be (n, d) and (m, d) with the same d, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     for name, draws in (("a", a), ("b", b)):
         if draws.shape[0] < min_rows:
             raise ValueError(f"{metric}: {name} has {draws.shape[0]} rows; it needs at least {min_rows}")
@@ -60,7 +62,9 @@ def kde_log_prob(samples: Tensor, points: Tensor, bandwidth: float | None = None
     samples = torch.as_tensor(samples).double()
     points = torch.as_tensor(points).to(samples)
     if samples.ndim != 2 or points.ndim != 2 or samples.shape[1] != points.shape[1]:
-        raise ValueError(f"samples (n, d) and points (m, d) must share d, got {tuple(samples.shape)} and {tuple(points.shape)}")
+        raise ValueError(
+            f"samples (n, d) and points (m, d) must share d, got {tuple(samples.shape)} and {tuple(points.shape)}"
+        )
     n, d = samples.shape
     if n <= d:
         raise ValueError(f"a KDE in {d} dims needs more than {d} draws, got {n}")
@@ -74,7 +78,9 @@ def kde_log_prob(samples: Tensor, points: Tensor, bandwidth: float | None = None
         raise ValueError("the draws' covariance is singular (constant or collinear draws): no KDE") from None
     diff = (points[:, None, :] - samples[None, :, :]).reshape(-1, d)  # (m n, d)
     z = torch.linalg.solve_triangular(chol, diff.T, upper=False).T.reshape(points.shape[0], n, d)
-    log_kernel = -0.5 * (z**2).sum(-1) - torch.log(torch.diagonal(chol)).sum() - 0.5 * d * math.log(2 * math.pi)
+    log_kernel = (
+        -0.5 * (z**2).sum(-1) - torch.log(torch.diagonal(chol)).sum() - 0.5 * d * math.log(2 * math.pi)
+    )
     return torch.logsumexp(log_kernel, dim=1) - math.log(n)
 
 
@@ -94,7 +100,9 @@ def nlog(samples: Tensor, theta: Tensor, transform: Transform | None = None) -> 
     return float(-(kde_log_prob(z, z_theta)[0] - log_det.double()))
 
 
-def lmd(task: Task, samples: Tensor, y: Tensor | None = None, generator: torch.Generator | None = None) -> float:
+def lmd(
+    task: Task, samples: Tensor, y: Tensor | None = None, generator: torch.Generator | None = None
+) -> float:
     """LMD: log of the median Euclidean distance between ``y (1, d_s)`` (default ``task.y_obs``) and
     releases simulated from the posterior draws ``samples (n, d_theta)``, one release per draw."""
     y = task.y_obs if y is None else task.check_release(y)
@@ -117,13 +125,22 @@ class BatchedPosterior(Protocol):
     def sample_batched(self, sample_shape: tuple[int, ...], y: Tensor, seed: int | None = None) -> Tensor: ...
 
 
-def _draws_at(posterior: AmortizedPosterior | BatchedPosterior, num_samples: int, ys: Tensor, seed: int, progress: bool = False) -> Tensor:
+def _draws_at(
+    posterior: AmortizedPosterior | BatchedPosterior,
+    num_samples: int,
+    ys: Tensor,
+    seed: int,
+    progress: bool = False,
+) -> Tensor:
     """``num_samples`` posterior draws at each release of ``ys (B, d_s)``, as a CPU tensor ``(num_samples, B, d_theta)``:
     one ``sample_batched`` call (seeded with ``seed``) where the posterior has it, else a loop of ``sample``
     calls (seeded by torch's global stream)."""
     if hasattr(posterior, "sample_batched"):
         return posterior.sample_batched((num_samples,), y=ys, seed=seed).cpu()
-    draws = [posterior.sample((num_samples,), y=ys[i : i + 1]).cpu() for i in tqdm(range(ys.shape[0]), disable=not progress, desc="calibration posteriors")]
+    draws = [
+        posterior.sample((num_samples,), y=ys[i : i + 1]).cpu()
+        for i in tqdm(range(ys.shape[0]), disable=not progress, desc="calibration posteriors")
+    ]
     return torch.stack(draws, dim=1)
 
 
@@ -159,7 +176,9 @@ def calibration(
     and ``tarp_ks_pvalue``. A calibrated posterior has large p-values and an ATC near 0.
     """
     if num_runs < 10 or num_posterior_samples < 10:
-        raise ValueError(f"calibration needs num_runs >= 10 and num_posterior_samples >= 10, got {num_runs}, {num_posterior_samples}")
+        raise ValueError(
+            f"calibration needs num_runs >= 10 and num_posterior_samples >= 10, got {num_runs}, {num_posterior_samples}"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         theta = task.prior.sample((num_runs,))
@@ -167,7 +186,14 @@ def calibration(
         view = _SBIView(posterior, int(torch.randint(0, 2**63 - 1, ())), progress)  # the posterior's own seed
         theta, ys = theta.cpu(), ys.cpu()
         ranks, _ = run_sbc(theta, ys, view, num_posterior_samples, show_progress_bar=False)  # type: ignore[arg-type]
-        ecp, alpha = run_tarp(theta, ys, view, num_posterior_samples=num_posterior_samples, show_progress_bar=False, num_bins=max(num_runs // 10, 2))  # type: ignore[arg-type]
+        ecp, alpha = run_tarp(
+            theta,
+            ys,
+            view,
+            num_posterior_samples=num_posterior_samples,
+            show_progress_bar=False,
+            num_bins=max(num_runs // 10, 2),
+        )  # type: ignore[arg-type]
     atc, ks = check_tarp(ecp, alpha)
     return {
         "sbc_ks_pvalues": [float(p) for p in check_uniformity_frequentist(ranks, num_posterior_samples)],

@@ -50,7 +50,11 @@ def sobol(
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if d > torch.quasirandom.SobolEngine.MAXDIM:
         raise ValueError(f"Sobol points exist for d <= {torch.quasirandom.SobolEngine.MAXDIM}, got d={d}")
-    device = torch.device(device) if device is not None else (generator.device if generator else torch.device("cpu"))
+    device = (
+        torch.device(device)
+        if device is not None
+        else (generator.device if generator else torch.device("cpu"))
+    )
     x = _sobol_integers(m, d, device)  # (m, d)
     # Column j of a random unit-lower-triangular matrix, as an integer: the diagonal bit of digit j
     # and random bits below it. Digit j of x (value 2^-(j+1)) toggles this column in the result.
@@ -75,5 +79,9 @@ def uniforms(
     """``(n, m, d)`` uniforms for integrating over mechanism noise: RQMC (:func:`sobol`) or plain MC."""
     if qmc:
         return sobol(n, m, d, generator=generator, device=device, dtype=dtype)
-    device = torch.device(device) if device is not None else (generator.device if generator else torch.device("cpu"))
+    device = (
+        torch.device(device)
+        if device is not None
+        else (generator.device if generator else torch.device("cpu"))
+    )
     return torch.rand(n, m, d, generator=generator, device=device, dtype=dtype or torch.get_default_dtype())

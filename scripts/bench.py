@@ -37,6 +37,7 @@ TASKS = {"regression": 1.0, "naive_bayes": 10.0, "sir": 1.0}  # paper tasks at a
 
 def timed(run: Callable[[], object], repeats: int, device: torch.device | None = None) -> float:
     """Median wall time in seconds of ``run()`` over ``repeats`` calls after one warm-up call."""
+
     def once() -> float:
         start = time.perf_counter()
         run()
@@ -54,7 +55,12 @@ def sir_throughput(batch: int, repeats: int) -> dict:
     theta = task.prior.sample((batch,))
     generator = torch.Generator().manual_seed(0)
     seconds = timed(lambda: task.simulate(theta, generator), repeats)
-    return {"batch": batch, "numba_threads": numba.get_num_threads(), "seconds": seconds, "sims_per_s": batch / seconds}
+    return {
+        "batch": batch,
+        "numba_threads": numba.get_num_threads(),
+        "seconds": seconds,
+        "sims_per_s": batch / seconds,
+    }
 
 
 def noise_time(task_name: str, n: int, m: int, repeats: int, device: torch.device) -> dict:
@@ -62,13 +68,19 @@ def noise_time(task_name: str, n: int, m: int, repeats: int, device: torch.devic
     task = dpsbi.tasks.load(task_name, epsilon=TASKS[task_name])
     s = task.simulate(task.prior.sample((n,))).to(device)
     generator = torch.Generator(device).manual_seed(0)
-    row = {"mechanism": type(task.mechanism).__name__, "shape": f"{n}x{m}x{task.dim_s}", "device": device.type}
+    row = {
+        "mechanism": type(task.mechanism).__name__,
+        "shape": f"{n}x{m}x{task.dim_s}",
+        "device": device.type,
+    }
     for qmc, key in ((True, "rqmc_ms"), (False, "mc_ms")):
         row[key] = 1e3 * timed(lambda: inner_releases(s, task.mechanism, m, qmc, generator), repeats, device)
     return row
 
 
-def step_time(task_name: str, method: str, batch: int, m: int, atoms: int, repeats: int, device: torch.device) -> dict:
+def step_time(
+    task_name: str, method: str, batch: int, m: int, atoms: int, repeats: int, device: torch.device
+) -> dict:
     """Seconds of one training step (loss forward, backward, Adam step) on a batch of ``batch`` pairs."""
     task = dpsbi.tasks.load(task_name, epsilon=TASKS[task_name])
     theta = task.prior.sample((batch,))
@@ -89,7 +101,12 @@ def step_time(task_name: str, method: str, batch: int, m: int, atoms: int, repea
         loss.backward()
         optimizer.step()
 
-    return {"task": task_name, "method": method, "device": device.type, "ms": 1e3 * timed(step, repeats, device)}
+    return {
+        "task": task_name,
+        "method": method,
+        "device": device.type,
+        "ms": 1e3 * timed(step, repeats, device),
+    }
 
 
 def end_to_end(task_name: str, method: str, budget: dict, accelerator: str) -> dict:
@@ -97,7 +114,9 @@ def end_to_end(task_name: str, method: str, budget: dict, accelerator: str) -> d
     task = dpsbi.tasks.load(task_name, epsilon=TASKS[task_name])
     estimator = {"SPPE": SPPE, "SPLE": SPLE}[method]
     start = time.perf_counter()
-    posterior = estimator(task, **{**budget, "training": {**budget["training"], "accelerator": accelerator}}, progress=False).run()
+    posterior = estimator(
+        task, **{**budget, "training": {**budget["training"], "accelerator": accelerator}}, progress=False
+    ).run()
     fit = time.perf_counter() - start
     posterior.sample((1000,), seed=0)
     total = time.perf_counter() - start
@@ -126,13 +145,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="seconds-scale budgets (checks that it works)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS), help="end-to-end tasks")
+    parser.add_argument(
+        "--tasks", nargs="+", default=list(TASKS), choices=list(TASKS), help="end-to-end tasks"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="end-to-end rounds")
     parser.add_argument("--sims", type=int, default=500, help="end-to-end simulations per round")
     parser.add_argument("--inner-samples", type=int, default=32, help="M: releases per simulation")
     parser.add_argument("--max-epochs", type=int, default=20, help="end-to-end epoch cap per round")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for these batches)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1 is fastest for these batches)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -140,18 +163,35 @@ def main(argv: list[str] | None = None) -> dict:
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     accelerators = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     n, m = (20, 8) if args.quick else (100, 32)
-    budget = {"rounds": args.rounds, "sims_per_round": args.sims, "inner_samples": args.inner_samples, "training": {"max_epochs": args.max_epochs}}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, devices {[d.type for d in devices]}")
+    budget = {
+        "rounds": args.rounds,
+        "sims_per_round": args.sims,
+        "inner_samples": args.inner_samples,
+        "training": {"max_epochs": args.max_epochs},
+    }
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, devices {[d.type for d in devices]}"
+    )
 
     results = {"budget": budget, "sir": [sir_throughput(20 if args.quick else 200, args.repeats)]}
     table("SIR exact simulator (prior draws, warm-up excluded)", results["sir"])
     results["noise"] = [noise_time(t, n, m, args.repeats, d) for t in ("sir", "regression") for d in devices]
     table(f"mechanism noise per batch (N x M x d = {n} x {m} x d)", results["noise"])
     results["step"] = [
-        step_time(t, method, n, m, 10, args.repeats, d) for d in devices for t in TASKS for method in ("SPPE", "SPLE")
+        step_time(t, method, n, m, 10, args.repeats, d)
+        for d in devices
+        for t in TASKS
+        for method in ("SPPE", "SPLE")
     ]
-    table(f"training step (batch {n}, M = {m}, SPPE with 10 atoms; forward + backward + Adam)", results["step"])
-    results["end_to_end"] = [end_to_end(t, method, budget, a) for a in accelerators for t in args.tasks for method in ("SPPE", "SPLE")]
+    table(
+        f"training step (batch {n}, M = {m}, SPPE with 10 atoms; forward + backward + Adam)", results["step"]
+    )
+    results["end_to_end"] = [
+        end_to_end(t, method, budget, a)
+        for a in accelerators
+        for t in args.tasks
+        for method in ("SPPE", "SPLE")
+    ]
     table(f"end to end (budget {budget}, + 1000 draws at y_obs)", results["end_to_end"])
     results["memory"] = [peak_memory()]
     table("peak memory", results["memory"])

@@ -40,7 +40,9 @@ def main() -> None:
             def step() -> None:
                 optimizer.zero_grad()
                 if method == "SPPE":
-                    loss = sppe_loss(flow, z, s, task.mechanism, 1, False, generator, atoms=10, log_prior=log_prior)
+                    loss = sppe_loss(
+                        flow, z, s, task.mechanism, 1, False, generator, atoms=10, log_prior=log_prior
+                    )
                 else:
                     loss = sple_loss(flow, z, s, task.mechanism, 8, True, generator)
                 loss.backward()
@@ -53,7 +55,10 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             mean = (time.perf_counter() - tic) / args.steps
-            print(f"{method} {'compiled' if compiled else 'eager'}: first step {first:.1f} s, then {1e3 * mean:.1f} ms/step", flush=True)
+            print(
+                f"{method} {'compiled' if compiled else 'eager'}: first step {first:.1f} s, then {1e3 * mean:.1f} ms/step",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

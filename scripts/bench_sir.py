@@ -34,6 +34,7 @@ def timed(run: Callable[[int], object], repeats: int) -> tuple[float, list[objec
 
 def bench_exact(batch: int, repeats: int) -> None:
     theta = np.tile(THETA, (batch, 1))
+
     def run(seed: int) -> np.ndarray:
         return gillespie_sir(theta, POPULATION, seed=seed + 1, return_all=True)
 

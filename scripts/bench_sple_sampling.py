@@ -44,7 +44,9 @@ def trained_posterior(path: Path, retrain: bool) -> LikelihoodPosterior:
         return load_posterior(path)
     task = dpsbi.tasks.load("regression", epsilon=1.0)
     start = time.perf_counter()
-    posterior = dpsbi.SPLE(task, rounds=1, sims_per_round=1000, inner_samples=4, training=dict(max_epochs=20), progress=False).run()
+    posterior = dpsbi.SPLE(
+        task, rounds=1, sims_per_round=1000, inner_samples=4, training=dict(max_epochs=20), progress=False
+    ).run()
     print(f"trained SPLE in {time.perf_counter() - start:.1f} s; saved to {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     posterior.save(path)
@@ -84,7 +86,9 @@ def diagnostics(posterior: LikelihoodPosterior, n: int, seed: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--posterior", type=Path, default=Path("/tmp/dpsbi-bench/sple_regression_eps1.pt"))
     parser.add_argument("--retrain", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
@@ -99,7 +103,9 @@ def main() -> None:
     else:
         start = time.perf_counter()
         reference = with_config(posterior, REFERENCE).sample((args.samples,), seed=12345)
-        print(f"reference run (old sampler, warm-up {REFERENCE.warmup}, thin {REFERENCE.thin}): {time.perf_counter() - start:.1f} s")
+        print(
+            f"reference run (old sampler, warm-up {REFERENCE.warmup}, thin {REFERENCE.thin}): {time.perf_counter() - start:.1f} s"
+        )
         torch.save(reference, reference_path)
 
     rows, draws = [], {}
@@ -130,9 +136,13 @@ def main() -> None:
         )
     old = draws[next(iter(SAMPLERS))]
     for row, pair in zip(rows, draws.values()):
-        row["c2st_old"] = statistics.mean(c2st(x, y) for x, y in zip(pair, old)) if pair is not old else math.nan
+        row["c2st_old"] = (
+            statistics.mean(c2st(x, y) for x, y in zip(pair, old)) if pair is not old else math.nan
+        )
 
-    print(f"\nposterior.sample(({args.samples},), seed=0) on {args.posterior.name}, torch threads = {torch.get_num_threads()}, repeats = {args.repeats}")
+    print(
+        f"\nposterior.sample(({args.samples},), seed=0) on {args.posterior.name}, torch threads = {torch.get_num_threads()}, repeats = {args.repeats}"
+    )
     header = f"{'sampler':34s} {'chains':>6s} {'warmup':>6s} {'thin':>4s} {'calls':>6s} {'rows':>8s} {'min s':>7s} {'median s':>8s} {'ESS':>6s} {'1st acc':>7s} {'c2st old':>8s} {'c2st ref':>8s} {'c2st self':>9s}"
     print(header)
     print("-" * len(header))

@@ -24,12 +24,38 @@ from omegaconf import OmegaConf
 
 import dpsbi
 from dpsbi.experiment.reference import reference_posterior
-from dpsbi.faults import DIFFERENT, IDENTICAL, corruption_trials, damaged_copies, finish, kill_after, run_outputs, start
+from dpsbi.faults import (
+    DIFFERENT,
+    IDENTICAL,
+    corruption_trials,
+    damaged_copies,
+    finish,
+    kill_after,
+    run_outputs,
+    start,
+)
 
 #: A tiny experiment: the conjugate toy has a closed-form reference, so a run is mostly process start-up.
-RUN = ["task=conjugate_gaussian", "task.epsilon=10", "method.rounds=3", "method.sims_per_round=100", "method.training.max_epochs=3", "companions=[]", "plots=false", "progress=false"]
+RUN = [
+    "task=conjugate_gaussian",
+    "task.epsilon=10",
+    "method.rounds=3",
+    "method.sims_per_round=100",
+    "method.training.max_epochs=3",
+    "companions=[]",
+    "plots=false",
+    "progress=false",
+]
 SWEEP = ["-m", *RUN, "method=sppe,sple"]
-ESTIMATOR = dict(rounds=2, sims_per_round=60, inner_samples=2, atoms=3, flow=dict(transforms=1, hidden=8), training=dict(max_epochs=1), progress=False)
+ESTIMATOR = dict(
+    rounds=2,
+    sims_per_round=60,
+    inner_samples=2,
+    atoms=3,
+    flow=dict(transforms=1, hidden=8),
+    training=dict(max_epochs=1),
+    progress=False,
+)
 RECOMPUTED = "recomputed"
 
 
@@ -42,9 +68,13 @@ def checkpoint_trials(work: Path, rng: random.Random, flips: int, truncations: i
     dpsbi.SPPE(_task(), checkpoint_dir=work / "intact", **ESTIMATOR).run()
 
     def resume(path: Path) -> list:
-        return dpsbi.SPPE(_task(), checkpoint_dir=path.parent, **ESTIMATOR).run().sample((20,), seed=0).tolist()
+        return (
+            dpsbi.SPPE(_task(), checkpoint_dir=path.parent, **ESTIMATOR).run().sample((20,), seed=0).tolist()
+        )
 
-    return corruption_trials(work / "intact" / "checkpoint.pt", work / "damaged", resume, rng, flips, truncations)
+    return corruption_trials(
+        work / "intact" / "checkpoint.pt", work / "damaged", resume, rng, flips, truncations
+    )
 
 
 def posterior_trials(work: Path, rng: random.Random, flips: int, truncations: int) -> Counter:
@@ -62,10 +92,21 @@ def cache_trials(work: Path, rng: random.Random, flips: int, truncations: int) -
     """Damaged reference-cache entries: each recomputed (with a warning naming the file) or, where the damage
     is invisible to the reader, loaded; either way the reference equals the intact one."""
     task, cache = _task(), work / "cache"
-    settings = dict(method="rejection", num_samples=200, seed=0, progress=False, pilot_simulations=1000, max_simulations=10**6, importance_particles=100, importance_draws=1000)
+    settings = dict(
+        method="rejection",
+        num_samples=200,
+        seed=0,
+        progress=False,
+        pilot_simulations=1000,
+        max_simulations=10**6,
+        importance_particles=100,
+        importance_draws=1000,
+    )
 
     def reference() -> list:
-        return reference_posterior(task, {"name": "conjugate_gaussian", "epsilon": 10.0}, cache_dir=cache, **settings).samples.tolist()
+        return reference_posterior(
+            task, {"name": "conjugate_gaussian", "epsilon": 10.0}, cache_dir=cache, **settings
+        ).samples.tolist()
 
     intact = reference()
     entry = next(cache.rglob("*.pt"))
@@ -98,7 +139,10 @@ def kill_trials(work: Path, rng: random.Random, kills: int, sweep: bool) -> Coun
         killed = kill_after(start([*args, f"{flag}={target}"], work), rng.uniform(0.5, duration))
         rerun = finish([*args, f"{flag}={target}"], work)
         same = rerun.returncode == 0 and _outputs(target, sweep) == expected
-        counts[("resumed identical" if same else "LOST OR MIXED") + ("" if killed else " (ended before the kill)")] += 1
+        counts[
+            ("resumed identical" if same else "LOST OR MIXED")
+            + ("" if killed else " (ended before the kill)")
+        ] += 1
     return counts
 
 
@@ -127,7 +171,11 @@ def concurrent_trials(work: Path, pairs: int, sweep: bool) -> Counter:
         processes = [start(RUN, work) for _ in range(2)]
         codes = [p.wait() for p in processes]
         runs = [p for p in (work / "outputs").rglob("summary.json")]
-        counts["default dirs: distinct and complete" if codes == [0, 0] and len(runs) == 2 else "default dirs: LOST OR MIXED"] += 1
+        counts[
+            "default dirs: distinct and complete"
+            if codes == [0, 0] and len(runs) == 2
+            else "default dirs: LOST OR MIXED"
+        ] += 1
     return counts
 
 
@@ -138,13 +186,17 @@ def race_trial(work: Path) -> Counter:
     refused as busy. Cheaper than :func:`concurrent_trials` (no reference runs)."""
     target = work / "shared"
     work.mkdir(parents=True, exist_ok=True)
-    processes = [start([*RUN, f"evaluation.num_samples={n}", f"hydra.run.dir={target}"], work) for n in (200, 300)]
+    processes = [
+        start([*RUN, f"evaluation.num_samples={n}", f"hydra.run.dir={target}"], work) for n in (200, 300)
+    ]
     texts = [p.communicate()[0] for p in processes]
     wanted = OmegaConf.load(target / "config.yaml").evaluation.num_samples
     rows = {len(p.read_text().splitlines()) - 1 for p in target.glob("*/samples*.csv")}
     clean = (target / "summary.json").is_file() and rows == {int(wanted)}
     busy = sum("another dpsbi-run" in text for text in texts)
-    return Counter({"one run, complete and unmixed" if clean else "LOST OR MIXED": 1, f"{busy} of 2 refused as busy": 1})
+    return Counter(
+        {"one run, complete and unmixed" if clean else "LOST OR MIXED": 1, f"{busy} of 2 refused as busy": 1}
+    )
 
 
 def _outputs(directory: Path, sweep: bool) -> dict:
@@ -160,21 +212,39 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("fault_injection.json"))
     parser.add_argument("--work", type=Path, help="working directory (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", help="run the trials whose names contain one of these words (the report keeps the others' results)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="run the trials whose names contain one of these words (the report keeps the others' results)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    n = dict(flips=10, truncations=3, kills=1, pairs=1) if args.quick else dict(flips=200, truncations=50, kills=10, pairs=4)
+    n = (
+        dict(flips=10, truncations=3, kills=1, pairs=1)
+        if args.quick
+        else dict(flips=200, truncations=50, kills=10, pairs=4)
+    )
     work = args.work or Path(tempfile.mkdtemp(prefix="dpsbi-faults-"))
     rng = random.Random(args.seed)
     trials = {
         "checkpoint files": lambda: checkpoint_trials(work / "checkpoint", rng, n["flips"], n["truncations"]),
         "posterior files": lambda: posterior_trials(work / "posterior", rng, n["flips"], n["truncations"]),
         "reference cache files": lambda: cache_trials(work / "cache", rng, n["flips"] // 2, n["truncations"]),
-        "runs killed (SIGKILL) and rerun": lambda: kill_trials(work / "kill_run", rng, n["kills"], sweep=False),
-        "sweeps killed (SIGKILL) and rerun": lambda: kill_trials(work / "kill_sweep", rng, max(n["kills"] // 2, 1), sweep=True),
-        "concurrent runs, one directory": lambda: concurrent_trials(work / "concurrent_run", n["pairs"], sweep=False),
-        "two runs racing into one directory": lambda: sum((race_trial(work / f"race_{k}") for k in range(n["pairs"])), Counter()),
-        "concurrent sweeps, one directory": lambda: concurrent_trials(work / "concurrent_sweep", max(n["pairs"] // 2, 1), sweep=True),
+        "runs killed (SIGKILL) and rerun": lambda: kill_trials(
+            work / "kill_run", rng, n["kills"], sweep=False
+        ),
+        "sweeps killed (SIGKILL) and rerun": lambda: kill_trials(
+            work / "kill_sweep", rng, max(n["kills"] // 2, 1), sweep=True
+        ),
+        "concurrent runs, one directory": lambda: concurrent_trials(
+            work / "concurrent_run", n["pairs"], sweep=False
+        ),
+        "two runs racing into one directory": lambda: sum(
+            (race_trial(work / f"race_{k}") for k in range(n["pairs"])), Counter()
+        ),
+        "concurrent sweeps, one directory": lambda: concurrent_trials(
+            work / "concurrent_sweep", max(n["pairs"] // 2, 1), sweep=True
+        ),
     }
     report = json.loads(args.out.read_text()) if args.only and args.out.is_file() else {}
     for name, trial in trials.items():
@@ -182,10 +252,19 @@ def main() -> None:
             continue
         began = time.perf_counter()
         counts = trial()
-        report[name] = {"outcomes": dict(counts), "trials": _trials(counts), "seconds": round(time.perf_counter() - began, 1)}
-        print(f"{name:36s} {report[name]['trials']:4d} trials  {dict(counts)}  ({report[name]['seconds']} s)", flush=True)
+        report[name] = {
+            "outcomes": dict(counts),
+            "trials": _trials(counts),
+            "seconds": round(time.perf_counter() - began, 1),
+        }
+        print(
+            f"{name:36s} {report[name]['trials']:4d} trials  {dict(counts)}  ({report[name]['seconds']} s)",
+            flush=True,
+        )
         args.out.write_text(json.dumps(report, indent=2))
-    bad = sum(v for r in report.values() for k, v in r["outcomes"].items() if k in (DIFFERENT,) or "LOST" in k)
+    bad = sum(
+        v for r in report.values() for k, v in r["outcomes"].items() if k in (DIFFERENT,) or "LOST" in k
+    )
     print(f"\n{bad} trials lost, mixed or loaded something different; report in {args.out}")
     raise SystemExit(1 if bad else 0)
 

@@ -35,7 +35,13 @@ from dpsbi.experiment.config import build_task
 from dpsbi.experiment.reference import reference_posterior
 
 #: Reference settings: those of configs/config.yaml.
-REFERENCE = dict(num_samples=2000, pilot_simulations=1000, max_simulations=20_000_000, importance_particles=5000, importance_draws=1_000_000)
+REFERENCE = dict(
+    num_samples=2000,
+    pilot_simulations=1000,
+    max_simulations=20_000_000,
+    importance_particles=5000,
+    importance_draws=1_000_000,
+)
 TARGET = 0.55
 #: Posterior mass cut by ``--method tsppe`` (SPPE with truncated-prior proposals, TSNPE's 1e-4).
 TRUNCATE = 1e-4
@@ -64,8 +70,11 @@ def short(label: str) -> str:
     if not label.startswith("{"):
         return label
     training = json.loads(label)
-    parts = [f"{training.pop('max_steps')} steps" if training.get("max_steps") else None,
-             training.pop("lr_schedule", None), f"lr {training.pop('lr')}" if "lr" in training else None]
+    parts = [
+        f"{training.pop('max_steps')} steps" if training.get("max_steps") else None,
+        training.pop("lr_schedule", None),
+        f"lr {training.pop('lr')}" if "lr" in training else None,
+    ]
     parts += [f"{k} {v}" for k, v in training.items() if v is not None]
     return ", ".join(p for p in parts if p)
 
@@ -75,7 +84,9 @@ def done(out: Path) -> set[tuple]:
     if not out.is_file():
         return set()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["method"], r["inner_samples"], r["qmc"], schedule(r), r["seed"]) for r in rows if r.get("last")}
+    return {
+        (r["method"], r["inner_samples"], r["qmc"], schedule(r), r["seed"]) for r in rows if r.get("last")
+    }
 
 
 def label(args: argparse.Namespace) -> str:
@@ -87,17 +98,41 @@ def label(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    task_config = {"name": args.task, "epsilon": args.epsilon, **({"simulator": args.simulator} if args.simulator else {})}
+    task_config = {
+        "name": args.task,
+        "epsilon": args.epsilon,
+        **({"simulator": args.simulator} if args.simulator else {}),
+    }
     task = build_task(task_config)
-    reference = reference_posterior(task, task_config, cache_dir=Path("~/.cache/dpsbi/references").expanduser(), seed=0, progress=False, **REFERENCE)
+    reference = reference_posterior(
+        task,
+        task_config,
+        cache_dir=Path("~/.cache/dpsbi/references").expanduser(),
+        seed=0,
+        progress=False,
+        **REFERENCE,
+    )
     print(f"reference: {reference.note}", flush=True)
     finished = done(args.out)
-    estimator = {"sppe": dpsbi.SPPE, "sple": dpsbi.SPLE, "tsppe": functools.partial(dpsbi.SPPE, truncate=TRUNCATE)}[args.method]
-    configs = [{}] if args.defaults else [
-        dict(rounds=args.rounds, sims_per_round=args.sims_per_round, inner_samples=m, qmc=qmc,
-             training=args.training or {"max_epochs": args.max_epochs})
-        for m, qmc in parse_configs(args.configs)
-    ]
+    estimator = {
+        "sppe": dpsbi.SPPE,
+        "sple": dpsbi.SPLE,
+        "tsppe": functools.partial(dpsbi.SPPE, truncate=TRUNCATE),
+    }[args.method]
+    configs = (
+        [{}]
+        if args.defaults
+        else [
+            dict(
+                rounds=args.rounds,
+                sims_per_round=args.sims_per_round,
+                inner_samples=m,
+                qmc=qmc,
+                training=args.training or {"max_epochs": args.max_epochs},
+            )
+            for m, qmc in parse_configs(args.configs)
+        ]
+    )
     for seed in args.seeds:
         for settings in configs:
             fitted = estimator(task, seed=seed, progress=False, **settings)
@@ -119,10 +154,22 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
         tic = time.perf_counter()
         c2st = dpsbi.metrics.c2st(draws.cpu(), reference, seed=0)
         last = elapsed > args.seconds or index + 1 == rounds
-        row = {"task": args.task, "epsilon": args.epsilon, "simulator": args.simulator or "default", "method": args.method,
-               "inner_samples": fitted.inner_samples, "qmc": fitted.qmc, "schedule": label(args), "seed": seed,
-               "round": index + 1, "num_simulations": num_simulations, "seconds": round(elapsed, 2), "c2st": round(c2st, 4),
-               "steps": fitted.history[-1]["steps"], "last": last}
+        row = {
+            "task": args.task,
+            "epsilon": args.epsilon,
+            "simulator": args.simulator or "default",
+            "method": args.method,
+            "inner_samples": fitted.inner_samples,
+            "qmc": fitted.qmc,
+            "schedule": label(args),
+            "seed": seed,
+            "round": index + 1,
+            "num_simulations": num_simulations,
+            "seconds": round(elapsed, 2),
+            "c2st": round(c2st, 4),
+            "steps": fitted.history[-1]["steps"],
+            "last": last,
+        }
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
@@ -138,11 +185,30 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
 
 
 def report(args: argparse.Namespace) -> None:
-    rows = [json.loads(line) for path in args.files for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for path in args.files
+        for line in Path(path).read_text().splitlines()
+        if line.strip()
+    ]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["task"], r["epsilon"], r["simulator"], r["method"], r["inner_samples"], r["qmc"], schedule(r), r["seed"]), []).append(r)
-    print("| task | epsilon | method | M | kind | training | seed | first C2ST <= 0.55 (s / simulations) | best C2ST (at s, round) | rounds |")
+        groups.setdefault(
+            (
+                r["task"],
+                r["epsilon"],
+                r["simulator"],
+                r["method"],
+                r["inner_samples"],
+                r["qmc"],
+                schedule(r),
+                r["seed"],
+            ),
+            [],
+        ).append(r)
+    print(
+        "| task | epsilon | method | M | kind | training | seed | first C2ST <= 0.55 (s / simulations) | best C2ST (at s, round) | rounds |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for key, rs in sorted(groups.items()):
         rs.sort(key=lambda r: r["round"])
@@ -150,7 +216,9 @@ def report(args: argparse.Namespace) -> None:
         best = min(rs, key=lambda r: r["c2st"])
         first = f"{hit['seconds']:.0f} s / {hit['num_simulations']}" if hit else "not reached"
         task, eps, sim, method, m, qmc, training, seed = key
-        print(f"| {task}{'' if sim == 'default' else f' ({sim})'} | {eps:g} | {method.upper()} | {m} | {'RQMC' if qmc else 'MC'} | {short(training)} | {seed} | {first} | {best['c2st']:.3f} ({best['seconds']:.0f} s, {best['round']}) | {len(rs)} |")
+        print(
+            f"| {task}{'' if sim == 'default' else f' ({sim})'} | {eps:g} | {method.upper()} | {m} | {'RQMC' if qmc else 'MC'} | {short(training)} | {seed} | {first} | {best['c2st']:.3f} ({best['seconds']:.0f} s, {best['round']}) | {len(rs)} |"
+        )
     if args.figure:
         plot(groups, args.figure)
 
@@ -173,7 +241,11 @@ def plot(groups: dict, path: Path) -> None:
                 ax.plot([r[x] for r in rs], [r["c2st"] for r in rs], marker="o", label=label)
         for ax, x in zip(axes[row], ("wall time (s, one core)", "simulations")):
             ax.axhline(TARGET, color="grey", lw=0.8, ls="--")
-            ax.set(xlabel=x, ylabel="C2ST vs reference", title=f"{panel[2].upper()}, {panel[0]}, epsilon {panel[1]:g}")
+            ax.set(
+                xlabel=x,
+                ylabel="C2ST vs reference",
+                title=f"{panel[2].upper()}, {panel[0]}, epsilon {panel[1]:g}",
+            )
         axes[row][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -187,14 +259,31 @@ def main() -> None:
     r.add_argument("--task", required=True)
     r.add_argument("--epsilon", type=float, required=True)
     r.add_argument("--simulator", help="task.simulator (sir: exact or tau_leap)")
-    r.add_argument("--method", choices=("sppe", "sple", "tsppe"), required=True, help="tsppe: SPPE with truncated-prior proposals (TSNPE)")
-    r.add_argument("--configs", default="1:mc,4:rqmc,8:mc,8:rqmc,32:rqmc", help="M:kind list, kind mc or rqmc")
+    r.add_argument(
+        "--method",
+        choices=("sppe", "sple", "tsppe"),
+        required=True,
+        help="tsppe: SPPE with truncated-prior proposals (TSNPE)",
+    )
+    r.add_argument(
+        "--configs", default="1:mc,4:rqmc,8:mc,8:rqmc,32:rqmc", help="M:kind list, kind mc or rqmc"
+    )
     r.add_argument("--rounds", type=int, default=6)
     r.add_argument("--sims-per-round", type=int, default=1000)
     r.add_argument("--max-epochs", type=int, default=20)
-    r.add_argument("--seconds", type=float, default=600, help="stop a configuration after the round that ends past this")
-    r.add_argument("--training", type=json.loads, help="JSON training settings for every configuration, e.g. '{\"max_steps\": 500}'")
-    r.add_argument("--defaults", action="store_true", help="the estimator's own defaults (ignores --configs, --rounds, ...)")
+    r.add_argument(
+        "--seconds", type=float, default=600, help="stop a configuration after the round that ends past this"
+    )
+    r.add_argument(
+        "--training",
+        type=json.loads,
+        help="JSON training settings for every configuration, e.g. '{\"max_steps\": 500}'",
+    )
+    r.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the estimator's own defaults (ignores --configs, --rounds, ...)",
+    )
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--out", type=Path, required=True)
     p = commands.add_parser("report")

@@ -1,11 +1,11 @@
 """Tables and figures of docs/RESULTS.md from finished sweeps (``dpsbi-run -m ... hydra.sweep.dir=DIR``).
 
-    python scripts/make_results.py table DIR [DIR ...]                 markdown table of every run's final metrics
-    python scripts/make_results.py comparison DIR -o docs/figures/x.png  the sweep's comparison figure
-    python scripts/make_results.py privacy DIR -o docs/figures/x.png     marginals of reference and SPPE draws
-                                                                          at every epsilon of the sweep
-    python scripts/make_results.py bias DIR --epsilon 1 -o docs/figures/x.png   NaiveNPE against the reference:
-                                                                          standardized mean error per parameter
+python scripts/make_results.py table DIR [DIR ...]                 markdown table of every run's final metrics
+python scripts/make_results.py comparison DIR -o docs/figures/x.png  the sweep's comparison figure
+python scripts/make_results.py privacy DIR -o docs/figures/x.png     marginals of reference and SPPE draws
+                                                                      at every epsilon of the sweep
+python scripts/make_results.py bias DIR --epsilon 1 -o docs/figures/x.png   NaiveNPE against the reference:
+                                                                      standardized mean error per parameter
 """
 
 from __future__ import annotations
@@ -66,14 +66,38 @@ def privacy(root: Path, method: str, out: Path) -> str:
     by_eps = dict(sorted(runs(root, method).items()))
     names = read_draws(next(iter(by_eps.values())) / "reference.csv")[1]
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 2.8), squeeze=False)
-    lines = ["| epsilon | " + " | ".join(f"{n}: mean, sd" for n in names) + " |", "|" + "---|" * (len(names) + 1)]
+    lines = [
+        "| epsilon | " + " | ".join(f"{n}: mean, sd" for n in names) + " |",
+        "|" + "---|" * (len(names) + 1),
+    ]
     for color, (eps, run) in zip(("C0", "C1", "C2", "C3"), by_eps.items()):
         reference, _ = read_draws(run / "reference.csv")
         draws, _ = read_draws(run / method / "samples.csv")
-        lines.append(f"| {eps:g} | " + " | ".join(f"{float(m):.3g}, {float(v):.3g}" for m, v in zip(reference.mean(0), reference.std(0))) + " |")
+        lines.append(
+            f"| {eps:g} | "
+            + " | ".join(
+                f"{float(m):.3g}, {float(v):.3g}" for m, v in zip(reference.mean(0), reference.std(0))
+            )
+            + " |"
+        )
         for i, ax in enumerate(axes[0]):
-            ax.hist(reference[:, i].numpy(), bins=40, density=True, histtype="step", color=color, label=f"reference, eps={eps:g}")
-            ax.hist(draws[:, i].numpy(), bins=40, density=True, histtype="step", ls="--", color=color, label=f"{method}, eps={eps:g}")
+            ax.hist(
+                reference[:, i].numpy(),
+                bins=40,
+                density=True,
+                histtype="step",
+                color=color,
+                label=f"reference, eps={eps:g}",
+            )
+            ax.hist(
+                draws[:, i].numpy(),
+                bins=40,
+                density=True,
+                histtype="step",
+                ls="--",
+                color=color,
+                label=f"{method}, eps={eps:g}",
+            )
             ax.set_xlabel(names[i])
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
@@ -86,21 +110,35 @@ def bias(root: Path, epsilon: float, out: Path | None) -> str:
     """Markdown table of ``(mean - reference mean) / reference sd`` and ``sd / reference sd`` per parameter
     for NaiveNPE and SPPE at ``epsilon``; the figure overlays their marginals on the reference's."""
     reference, names = read_draws(runs(root, "naive_npe")[epsilon] / "reference.csv")
-    draws = {m: read_draws(runs(root, m)[epsilon] / m / "samples.csv")[0] for m in ("naive_npe", "sppe") if epsilon in runs(root, m)}
+    draws = {
+        m: read_draws(runs(root, m)[epsilon] / m / "samples.csv")[0]
+        for m in ("naive_npe", "sppe")
+        if epsilon in runs(root, m)
+    }
     mean, sd = reference.mean(0), reference.std(0)
-    lines = ["| method | " + " | ".join(f"{n}: (mean-ref)/sd, sd/ref sd" for n in names) + " |", "|" + "---|" * (len(names) + 1)]
+    lines = [
+        "| method | " + " | ".join(f"{n}: (mean-ref)/sd, sd/ref sd" for n in names) + " |",
+        "|" + "---|" * (len(names) + 1),
+    ]
     for method, x in draws.items():
         cells = [f"{float(b):+.2f}, {float(r):.2f}" for b, r in zip((x.mean(0) - mean) / sd, x.std(0) / sd)]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     if out is not None:
         fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 2.8), squeeze=False)
-        samples = (("reference", reference, "k"), *((m, x, c) for (m, x), c in zip(draws.items(), ("C3", "C0"))))
+        samples = (
+            ("reference", reference, "k"),
+            *((m, x, c) for (m, x), c in zip(draws.items(), ("C3", "C0"))),
+        )
         for i, ax in enumerate(axes[0]):
             column = torch.cat([x[:, i] for _, x, _ in samples])
-            bins = torch.linspace(float(column.min()), float(column.max()), 61).numpy()  # shared: point masses too
+            bins = torch.linspace(
+                float(column.min()), float(column.max()), 61
+            ).numpy()  # shared: point masses too
             for label, x, color in samples:
                 ax.hist(x[:, i].numpy(), bins=bins, density=True, histtype="step", color=color, label=label)
-            ax.set_ylim(0, 1.5 * float(torch.histogram(reference[:, i], torch.tensor(bins), density=True).hist.max()))
+            ax.set_ylim(
+                0, 1.5 * float(torch.histogram(reference[:, i], torch.tensor(bins), density=True).hist.max())
+            )
             ax.set_xlabel(names[i])
         axes[0][0].legend(fontsize=7)
         axes[0][0].set_title(f"epsilon = {epsilon:g}", fontsize=8)

@@ -25,11 +25,31 @@ from dpsbi.experiment.outputs import read_draws  # noqa: E402
 
 #: Outbreaks in the paper's order, with the published R0 ranges their intervals are compared against.
 PUBLISHED = {
-    "sir_influenza": ("influenza, boarding school", (3.0, 4.5), "SIR fits to the 1978 English boarding-school data give beta / gamma of about 3.5-4 (e.g. Murray, Mathematical Biology)"),
-    "sir_ebola_guinea": ("Ebola, Guinea", (1.44, 2.01), "WHO Ebola Response Team (NEJM 2014): 1.71 (95 % CI 1.44-2.01)"),
-    "sir_ebola_liberia": ("Ebola, Liberia", (1.72, 1.94), "WHO Ebola Response Team (NEJM 2014): 1.83 (1.72-1.94)"),
-    "sir_ebola_sierra_leone": ("Ebola, Sierra Leone", (1.79, 2.26), "WHO Ebola Response Team (NEJM 2014): 2.02 (1.79-2.26)"),
-    "sir_covid_clark": ("COVID-19, Clark County", (2.0, 3.5), "early SARS-CoV-2 estimates, mostly 2-3.5 (reviews of 2020 studies)"),
+    "sir_influenza": (
+        "influenza, boarding school",
+        (3.0, 4.5),
+        "SIR fits to the 1978 English boarding-school data give beta / gamma of about 3.5-4 (e.g. Murray, Mathematical Biology)",
+    ),
+    "sir_ebola_guinea": (
+        "Ebola, Guinea",
+        (1.44, 2.01),
+        "WHO Ebola Response Team (NEJM 2014): 1.71 (95 % CI 1.44-2.01)",
+    ),
+    "sir_ebola_liberia": (
+        "Ebola, Liberia",
+        (1.72, 1.94),
+        "WHO Ebola Response Team (NEJM 2014): 1.83 (1.72-1.94)",
+    ),
+    "sir_ebola_sierra_leone": (
+        "Ebola, Sierra Leone",
+        (1.79, 2.26),
+        "WHO Ebola Response Team (NEJM 2014): 2.02 (1.79-2.26)",
+    ),
+    "sir_covid_clark": (
+        "COVID-19, Clark County",
+        (2.0, 3.5),
+        "early SARS-CoV-2 estimates, mostly 2-3.5 (reviews of 2020 studies)",
+    ),
 }
 PREDICTIVE_DRAWS = 500
 
@@ -68,17 +88,29 @@ def main(argv: list[str] | None = None) -> None:
     fig_p, ax_p = plt.subplots(1, len(outbreaks), figsize=(3.0 * len(outbreaks), 3.0), squeeze=False)
     fig_y, ax_y = plt.subplots(1, len(outbreaks), figsize=(3.0 * len(outbreaks), 3.0), squeeze=False)
     fig_r, ax_r = plt.subplots(figsize=(6.5, 3.2))
-    lines = ["| outbreak | method | R0 median | R0 95 % interval | published | agrees |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| outbreak | method | R0 median | R0 95 % interval | published | agrees |",
+        "|---|---|---|---|---|---|",
+    ]
     for col, name in enumerate(outbreaks):
         label, (low, high), _ = PUBLISHED[name]
-        ax_r.plot([low, high], [col - 0.35, col - 0.35], color="k", lw=3, alpha=0.4, label="published" if col == 0 else None)
-        for i, (task_name, method, path, task_config) in enumerate(r for r in runs if r[0] == name):
+        ax_r.plot(
+            [low, high],
+            [col - 0.35, col - 0.35],
+            color="k",
+            lw=3,
+            alpha=0.4,
+            label="published" if col == 0 else None,
+        )
+        for i, (_, method, path, task_config) in enumerate(r for r in runs if r[0] == name):
             draws, _ = read_draws(path)
             ax_p[0][col].scatter(draws[:, 0], draws[:, 1], s=2, alpha=0.3, color=colors[method], label=method)
             r0 = torch.exp(draws[:, 0] - draws[:, 1])
             median, lo, hi = interval(r0, 0.95)
             agrees = "yes" if lo <= high and hi >= low else "no"
-            lines.append(f"| {label} | {method} | {median:.2f} | {lo:.2f}-{hi:.2f} | {low:g}-{high:g} | {agrees} |")
+            lines.append(
+                f"| {label} | {method} | {median:.2f} | {lo:.2f}-{hi:.2f} | {low:g}-{high:g} | {agrees} |"
+            )
             y = col + 0.1 + 0.25 * i
             ax_r.plot([lo, hi], [y, y], color=colors[method], lw=1.5, label=method if col == 0 else None)
             ax_r.plot([median], [y], "o", color=colors[method], ms=3)
@@ -91,7 +123,10 @@ def main(argv: list[str] | None = None) -> None:
             ax_y[0][col].plot(t, q[1], color=colors[method], label=f"{method}: median, 90 %")
         observed = build_task(next(r[3] for r in runs if r[0] == name)).y_obs[0]
         ax_y[0][col].plot(torch.arange(observed.numel()), observed, "k.-", label="observed")
-        for ax, xlabel, ylabel in ((ax_p[0][col], "log beta", "log gamma"), (ax_y[0][col], "observation", "infected fraction")):
+        for ax, xlabel, ylabel in (
+            (ax_p[0][col], "log beta", "log gamma"),
+            (ax_y[0][col], "observation", "infected fraction"),
+        ):
             ax.set_title(label, fontsize=8)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)

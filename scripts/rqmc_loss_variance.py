@@ -35,7 +35,18 @@ def fixed_flow(task, method: str, epochs: int, sims: int, seed: int, progress: b
     """The flow whose loss is studied: one round of ``method`` trained for ``epochs`` epochs on ``sims``
     prior simulations, or (``epochs = 0``) a fresh flow z-scored on such simulations."""
     if epochs:
-        return LOSSES[method][0](task, rounds=1, sims_per_round=sims, seed=seed, progress=progress, training=dict(max_epochs=epochs)).run().flow
+        return (
+            LOSSES[method][0](
+                task,
+                rounds=1,
+                sims_per_round=sims,
+                seed=seed,
+                progress=progress,
+                training=dict(max_epochs=epochs),
+            )
+            .run()
+            .flow
+        )
     torch.manual_seed(seed)
     theta = task.prior.sample((sims,))
     z, y = task.transform.inv(theta), task.release(task.simulate(theta))
@@ -59,7 +70,10 @@ def study(task, flow, loss, pairs: int, repeats: int, ms: list[int], seed: int) 
     for qmc, name in ((False, "MC"), (True, "RQMC")):
         var = np.array([float(estimates[(qmc, m)].var()) for m in ms])
         rmse = np.array([float(((estimates[(qmc, m)] - reference) ** 2).mean().sqrt()) for m in ms])
-        slopes[name] = {"variance": float(np.polyfit(np.log(ms), np.log(var), 1)[0]), "rmse": float(np.polyfit(np.log(ms), np.log(rmse), 1)[0])}
+        slopes[name] = {
+            "variance": float(np.polyfit(np.log(ms), np.log(var), 1)[0]),
+            "rmse": float(np.polyfit(np.log(ms), np.log(rmse), 1)[0]),
+        }
         rows += [{"estimator": name, "M": m, "variance": v, "rmse": r} for m, v, r in zip(ms, var, rmse)]
     return {"rows": rows, "slopes": slopes, "reference_loss": reference}
 
@@ -69,7 +83,12 @@ def plot(results: dict, path: Path) -> None:
     for ax, (key, result) in zip(axes[0], results.items()):
         for name, style in (("MC", "o-"), ("RQMC", "s-")):
             rows = [r for r in result["rows"] if r["estimator"] == name]
-            ax.loglog([r["M"] for r in rows], [r["rmse"] for r in rows], style, label=f"{name} (slope {result['slopes'][name]['rmse']:.2f})")
+            ax.loglog(
+                [r["M"] for r in rows],
+                [r["rmse"] for r in rows],
+                style,
+                label=f"{name} (slope {result['slopes'][name]['rmse']:.2f})",
+            )
         ms = np.array([r["M"] for r in rows], dtype=float)
         first = result["rows"][0]["rmse"]
         ax.loglog(ms, first * (ms / ms[0]) ** -0.5, "k:", lw=1, label="$M^{-1/2}$")
@@ -88,7 +107,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pairs", type=int, default=10, help="stored (theta, s) pairs")
     parser.add_argument("--repeats", type=int, default=50, help="independent randomizations per M")
     parser.add_argument("--max-m", type=int, default=256, help="largest M (a power of two)")
-    parser.add_argument("--epochs", type=int, default=5, help="training epochs of the fixed flow (0: random init)")
+    parser.add_argument(
+        "--epochs", type=int, default=5, help="training epochs of the fixed flow (0: random init)"
+    )
     parser.add_argument("--sims", type=int, default=500, help="simulations to train / z-score the flow")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", action="store_true")
@@ -108,13 +129,19 @@ def main(argv: list[str] | None = None) -> dict:
             mc, rq = by[("MC", m)]["variance"], by[("RQMC", m)]["variance"]
             print(f"{key:<18} {m:>5} {mc:>11.3e} {rq:>11.3e} {mc / rq:>7.1f}")
         s = result["slopes"]
-        print(f"{key:<18} slopes of log variance vs log M: MC {s['MC']['variance']:.2f}, RQMC {s['RQMC']['variance']:.2f}")
+        print(
+            f"{key:<18} slopes of log variance vs log M: MC {s['MC']['variance']:.2f}, RQMC {s['RQMC']['variance']:.2f}"
+        )
     with open(args.out / "rqmc_loss_variance.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["case", "estimator", "M", "variance", "rmse"])
         writer.writeheader()
         writer.writerows({"case": key, **row} for key, result in results.items() for row in result["rows"])
-    summary = {key: {"slopes": r["slopes"], "reference_loss": r["reference_loss"]} for key, r in results.items()}
-    (args.out / "rqmc_loss_variance.json").write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "results": summary}, indent=2))
+    summary = {
+        key: {"slopes": r["slopes"], "reference_loss": r["reference_loss"]} for key, r in results.items()
+    }
+    (args.out / "rqmc_loss_variance.json").write_text(
+        json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "results": summary}, indent=2)
+    )
     plot(results, args.out / "rqmc_loss_variance.png")
     return results
 

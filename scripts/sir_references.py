@@ -36,7 +36,9 @@ from dpsbi.experiment.reference import defensive_proposal, smoothed_resample
 from dpsbi.files import atomic_save
 
 
-def chunked_is(task, proposal, first: int, last: int, chunk: int, work: Path, tag: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_is(
+    task, proposal, first: int, last: int, chunk: int, work: Path, tag: str, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Importance draws ``first..last`` (chunk indices) from ``proposal``: ``theta (n, 2)`` and unnormalised log
     weights ``(n,)``, each chunk computed once and kept in ``work``."""
     thetas, log_ws = [], []
@@ -47,7 +49,10 @@ def chunked_is(task, proposal, first: int, last: int, chunk: int, work: Path, ta
             result = abc_is(task, chunk, proposal, seed=seed * 100_000 + index, progress=False)
             log_w = torch.log(result.weights) + result.info["log_evidence"] + math.log(chunk)
             atomic_save({"theta": result.samples, "log_w": log_w}, path)
-            print(f"  {tag} chunk {index}: {chunk} draws in {time.time() - start:.0f} s, chunk ESS {result.info['ess']:.0f}", flush=True)
+            print(
+                f"  {tag} chunk {index}: {chunk} draws in {time.time() - start:.0f} s, chunk ESS {result.info['ess']:.0f}",
+                flush=True,
+            )
         stored = torch.load(path)
         thetas.append(stored["theta"])
         log_ws.append(stored["log_w"])
@@ -66,9 +71,14 @@ def tau_leap_proposal(epsilon: float, particles: int, draws: int, work: Path, se
         tau = dpsbi.tasks.load("sir", epsilon=epsilon, simulator="tau_leap")
         start = time.time()
         pilot = smc_abc(tau, num_particles=particles, kernel="mechanism", seed=seed, progress=False)
-        refit = abc_is(tau, draws, defensive_proposal(tau, pilot.samples, pilot.weights), seed=seed + 1, progress=False)
+        refit = abc_is(
+            tau, draws, defensive_proposal(tau, pilot.samples, pilot.weights), seed=seed + 1, progress=False
+        )
         atomic_save({"samples": refit.samples, "weights": refit.weights, "ess": refit.info["ess"]}, path)
-        print(f"  tau-leap proposal: ESS {refit.info['ess']:.0f} of {draws} in {time.time() - start:.0f} s", flush=True)
+        print(
+            f"  tau-leap proposal: ESS {refit.info['ess']:.0f} of {draws} in {time.time() - start:.0f} s",
+            flush=True,
+        )
     stored = torch.load(path)
     return stored
 
@@ -101,10 +111,14 @@ def main(argv: list[str] | None = None) -> None:
     theta, log_w = torch.cat([theta0, theta1]), torch.cat([log_w0, log_w1])
     ess = kish(log_w)
     weights = torch.softmax(log_w.double(), 0)[:, None]
-    draws, bandwidth = smoothed_resample(task, theta, weights[:, 0], args.store, torch.Generator().manual_seed(args.seed))
+    draws, bandwidth = smoothed_resample(
+        task, theta, weights[:, 0], args.store, torch.Generator().manual_seed(args.seed)
+    )
     mean = (weights * theta.double()).sum(0)
     sd = ((weights * (theta.double() - mean) ** 2).sum(0)).sqrt()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     provenance = {
         "method": (
             "self-normalised importance sampling of the exact private posterior (binomial mechanism as kernel, "
@@ -122,13 +136,16 @@ def main(argv: list[str] | None = None) -> None:
         "weighted_sd": sd.tolist(),
         "monte_carlo_se_of_mean": (sd / math.sqrt(ess)).tolist(),
         "seed": args.seed,
-        "command": "NUMBA_NUM_THREADS=1 python scripts/sir_references.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "NUMBA_NUM_THREADS=1 python scripts/sir_references.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "git_commit": commit,
         "made": datetime.date.today().isoformat(),
         "wall_seconds_this_invocation": round(time.time() - started),
     }
     path = stored_references.write(f"sir_eps{args.epsilon:g}", task, draws, provenance)
-    print(f"eps {args.epsilon:g}: ESS {ess:.0f} of {args.draws}; mean {mean.tolist()} sd {sd.tolist()}; wrote {path}")
+    print(
+        f"eps {args.epsilon:g}: ESS {ess:.0f} of {args.draws}; mean {mean.tolist()} sd {sd.tolist()}; wrote {path}"
+    )
 
 
 if __name__ == "__main__":

@@ -31,17 +31,29 @@ def main(argv: list[str] | None = None) -> None:
         task = dpsbi.tasks.load("sir", epsilon=args.epsilon, simulator=simulator)
         start = time.time()
         refs[simulator] = reference_posterior(
-            task, {"name": "sir", "epsilon": args.epsilon, "simulator": simulator}, "importance", args.samples, None,
-            seed=0, progress=False, pilot_simulations=0, max_simulations=0,
-            importance_particles=args.particles, importance_draws=args.draws,
+            task,
+            {"name": "sir", "epsilon": args.epsilon, "simulator": simulator},
+            "importance",
+            args.samples,
+            None,
+            seed=0,
+            progress=False,
+            pilot_simulations=0,
+            max_simulations=0,
+            importance_particles=args.particles,
+            importance_draws=args.draws,
         )
         ref = refs[simulator]
         print(f"{simulator}: {time.time() - start:.0f} s, {ref.num_simulations} simulations; {ref.note}")
         print(f"  mean {ref.samples.mean(0).tolist()}  sd {ref.samples.std(0).tolist()}")
     tau, exact = refs["tau_leap"].samples, refs["exact"].samples
-    print(f"(mean tau-leap - mean exact) / sd exact: {((tau.mean(0) - exact.mean(0)) / exact.std(0)).tolist()}")
+    print(
+        f"(mean tau-leap - mean exact) / sd exact: {((tau.mean(0) - exact.mean(0)) / exact.std(0)).tolist()}"
+    )
     print(f"sd tau-leap / sd exact: {(tau.std(0) / exact.std(0)).tolist()}")
-    print(f"C2ST(tau-leap reference, exact reference) = {c2st(tau, exact):.3f} ({args.samples} vs {args.samples})")
+    print(
+        f"C2ST(tau-leap reference, exact reference) = {c2st(tau, exact):.3f} ({args.samples} vs {args.samples})"
+    )
 
 
 if __name__ == "__main__":

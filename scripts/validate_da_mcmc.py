@@ -57,7 +57,9 @@ def main() -> None:
     report("regression, epsilon=1", result, *weighted_moments(reference), seconds)
     ref = reference.resample(5000, generator)
     draws = result.samples[torch.randperm(result.samples.shape[0], generator=generator)[:5000]]
-    print(f"  ABC-IS ESS {reference.ess:.0f} of 1e6; C2ST(DA, ABC-IS) = {c2st(draws, ref):.3f} (5000 vs 5000)")
+    print(
+        f"  ABC-IS ESS {reference.ess:.0f} of 1e6; C2ST(DA, ABC-IS) = {c2st(draws, ref):.3f} (5000 vs 5000)"
+    )
     with seeded(2):
         print(f"  C2ST(prior, ABC-IS) = {c2st(task.prior.sample((5000,)), ref):.3f}")
 
@@ -65,14 +67,27 @@ def main() -> None:
     exact = task.exact_posterior(task.y_obs)
     mean, sd = exact.mean.double(), exact.stddev.double()
     start = time.time()
-    result = da_mcmc(task, args.iterations // 2, num_chains=args.chains // 4, burn_in=args.burn_in // 4, seed=0)
+    result = da_mcmc(
+        task, args.iterations // 2, num_chains=args.chains // 4, burn_in=args.burn_in // 4, seed=0
+    )
     report("naive Bayes, epsilon=10", result, mean.float(), sd.float(), time.time() - start)
-    wrong = da_mcmc(dpsbi.tasks.load("naive_bayes", epsilon=1.0, y_obs=task.y_obs), 1000, num_chains=64, seed=0)
-    print("  mutant (mechanism at epsilon=1): z(mean)",
-          [round(v, 1) for v in ((wrong.samples.mean(0) - mean.float()) / (sd.float() / wrong.info["ess"].sqrt())).tolist()])
+    wrong = da_mcmc(
+        dpsbi.tasks.load("naive_bayes", epsilon=1.0, y_obs=task.y_obs), 1000, num_chains=64, seed=0
+    )
+    print(
+        "  mutant (mechanism at epsilon=1): z(mean)",
+        [
+            round(v, 1)
+            for v in (
+                (wrong.samples.mean(0) - mean.float()) / (sd.float() / wrong.info["ess"].sqrt())
+            ).tolist()
+        ],
+    )
     start = time.time()
     reference = abc_is(task, 2_000_000, seed=1, progress=False)
-    print(f"  ABC-IS from the prior: ESS {reference.ess:.1f} of 2e6 simulations ({time.time() - start:.0f} s)")
+    print(
+        f"  ABC-IS from the prior: ESS {reference.ess:.1f} of 2e6 simulations ({time.time() - start:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

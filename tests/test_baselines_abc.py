@@ -120,10 +120,17 @@ def test_rejection_abc_conjugate_gaussian_is_exact():
 
 
 def test_simulation_cap_raises_with_progress(poisson):
-    with pytest.raises(SimulationBudgetExceeded, match=r"max_simulations=5000 .* accepted \(acceptance rate 0\.1"):
+    with pytest.raises(
+        SimulationBudgetExceeded, match=r"max_simulations=5000 .* accepted \(acceptance rate 0\.1"
+    ):
         rejection_abc(poisson, 100_000, batch_size=1000, max_simulations=5000, seed=0, progress=False)
-    with pytest.raises(SimulationBudgetExceeded, match=r"max_simulations=20000 after 2\d{4} simulations in all: the generation at tolerance"):
-        smc_abc(poisson, num_particles=500, tolerance_end=0.01, max_simulations=20_000, seed=0, progress=False)
+    with pytest.raises(
+        SimulationBudgetExceeded,
+        match=r"max_simulations=20000 after 2\d{4} simulations in all: the generation at tolerance",
+    ):
+        smc_abc(
+            poisson, num_particles=500, tolerance_end=0.01, max_simulations=20_000, seed=0, progress=False
+        )
     with pytest.raises(SimulationBudgetExceeded, match="above max_simulations"):
         smc_abc(poisson, num_particles=500, kernel="mechanism", max_simulations=1000, progress=False)
 
@@ -163,7 +170,9 @@ def test_smc_abc_euclidean_regression_runs_and_counts():
 
 def test_perturbation_is_the_weighted_gaussian_mixture():
     generator = torch.Generator().manual_seed(0)
-    z = torch.randn(50, 3, generator=generator) * torch.tensor([1.0, 2.0, 0.5]) + torch.tensor([3.0, -2.0, 10.0])
+    z = torch.randn(50, 3, generator=generator) * torch.tensor([1.0, 2.0, 0.5]) + torch.tensor(
+        [3.0, -2.0, 10.0]
+    )
     weights = torch.softmax(torch.randn(50, generator=generator), 0)
     proposal = Perturbation(z, weights, scale=2.0)
     centered = z - weights @ z
@@ -172,7 +181,9 @@ def test_perturbation_is_the_weighted_gaussian_mixture():
     torch.testing.assert_close(proposal.chol @ proposal.chol.T, covariance + jitter)
     torch.manual_seed(0)
     x = proposal.sample(2000)
-    components = MultivariateNormal(torch.zeros(3), covariance + jitter).log_prob(x[:, None] - z) + weights.log()
+    components = (
+        MultivariateNormal(torch.zeros(3), covariance + jitter).log_prob(x[:, None] - z) + weights.log()
+    )
     torch.testing.assert_close(proposal.log_prob(x), torch.logsumexp(components, -1), rtol=1e-5, atol=1e-4)
     # Draws follow the mixture: mean weights @ z, covariance (1 + scale) x population covariance.
     se = (3 * covariance / 2).diagonal().sqrt() / math.sqrt(2000)

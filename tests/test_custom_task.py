@@ -16,7 +16,13 @@ from dpsbi.mechanisms import BinomialCurve, Gaussian, Laplace, RandomizedRespons
 from dpsbi.tasks import Task, box, from_simulator, normal
 from dpsbi.tasks.custom import takes_randomness
 
-TINY = dict(sims_per_round=60, inner_samples=2, flow=dict(transforms=1, hidden=8), training=dict(max_epochs=1), progress=False)
+TINY = dict(
+    sims_per_round=60,
+    inner_samples=2,
+    flow=dict(transforms=1, hidden=8),
+    training=dict(max_epochs=1),
+    progress=False,
+)
 RECORDS, LOW, HIGH = 50, -5.0, 5.0
 #: Two clamped means of the same records: L1 sensitivity d (b - a) / n.
 MECHANISM = Laplace(1.0, sensitivity=2 * (HIGH - LOW) / RECORDS, dim=2)
@@ -38,7 +44,9 @@ def numpy_global_simulator(theta):
 def torch_simulator(theta, generator):
     """Vectorized torch: ``(n, 2) -> (n, 2)``, drawing from the generator dpsbi passes."""
     assert generator is None or isinstance(generator, torch.Generator)
-    noise = torch.randn(theta.shape[0], RECORDS, 2, generator=generator, device=theta.device, dtype=theta.dtype)
+    noise = torch.randn(
+        theta.shape[0], RECORDS, 2, generator=generator, device=theta.device, dtype=theta.dtype
+    )
     return (theta[:, None, :] + noise).clamp(LOW, HIGH).mean(1)
 
 
@@ -51,7 +59,9 @@ SIMULATORS = {
 
 def _task(kind: str = "numpy-per-row", **kwargs) -> Task:
     simulator, options = SIMULATORS[kind]
-    return from_simulator(normal([0.0, 0.0], [1.0, 1.0]), simulator, MECHANISM, Y_OBS, **{**options, **kwargs})
+    return from_simulator(
+        normal([0.0, 0.0], [1.0, 1.0]), simulator, MECHANISM, Y_OBS, **{**options, **kwargs}
+    )
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -144,30 +154,68 @@ BAD_INPUTS = {
         dict(mechanism=RandomizedResponse(1.0, dim=2), simulator=_bits, y_obs=[0.5, 1.0]),
         r"y_obs \[0.5, 1.0\] lies outside the support of RandomizedResponse",
     ),
-    "prior-scalar": (dict(prior=Normal(0.0, 1.0)), r"prior must be over vectors \(event shape \(d,\)\), got event shape \(\)"),
-    "prior-batch-not-event": (dict(prior=Normal(torch.zeros(2), 1.0)), r"prior must be over vectors.*Independent\(prior, 1\)"),
+    "prior-scalar": (
+        dict(prior=Normal(0.0, 1.0)),
+        r"prior must be over vectors \(event shape \(d,\)\), got event shape \(\)",
+    ),
+    "prior-batch-not-event": (
+        dict(prior=Normal(torch.zeros(2), 1.0)),
+        r"prior must be over vectors.*Independent\(prior, 1\)",
+    ),
     "prior-not-a-distribution": (dict(prior=[0.0, 1.0]), r"prior must be a torch Distribution"),
-    "transform-image-too-large": (dict(prior=box([0.0, 0.0], [1.0, 1.0]), transform=ExpTransform()), r"outside the prior's support.*its image is not the support"),
+    "transform-image-too-large": (
+        dict(prior=box([0.0, 0.0], [1.0, 1.0]), transform=ExpTransform()),
+        r"outside the prior's support.*its image is not the support",
+    ),
     "transform-image-too-small": (
         dict(prior=box([0.0, 0.0], [10.0, 10.0]), transform=SigmoidTransform()),  # onto (0, 1) only
         r"does not map transform.inv\(theta\) back to theta for the prior draw .* the prior's support is larger than the transform's image",
     ),
-    "transform-not-a-transform": (dict(transform=lambda z: z), r"transform must be a torch.distributions Transform"),
-    "true-theta-outside": (dict(prior=box([0.0, 0.0], [1.0, 1.0]), true_theta=[2.0, 0.5]), r"true_theta \[2.0, 0.5\] lies outside the prior's support"),
-    "true-theta-shape": (dict(true_theta=[0.1, 0.2, 0.3]), r"true_theta must have shape \(2,\) or \(1, 2\), got \(1, 3\)"),
-    "simulator-shape": (dict(simulator=lambda theta, g: theta[:, :1]), r"simulator returned shape \(2, 1\) for 2 prior draws, expected \(2, 2\)"),
-    "simulator-nan": (dict(simulator=_nan_simulator), r"simulator returned NaN/inf \[nan, nan\] at the prior draw theta="),
-    "simulator-fails": (dict(simulator=_failing_simulator), r"simulator fails on 2 prior draws .*: KeyError: \"column 'age'\""),
-    "simulator-not-callable": (dict(simulator=3.0), r"simulator must be a function of theta \(and rng\), got float"),
+    "transform-not-a-transform": (
+        dict(transform=lambda z: z),
+        r"transform must be a torch.distributions Transform",
+    ),
+    "true-theta-outside": (
+        dict(prior=box([0.0, 0.0], [1.0, 1.0]), true_theta=[2.0, 0.5]),
+        r"true_theta \[2.0, 0.5\] lies outside the prior's support",
+    ),
+    "true-theta-shape": (
+        dict(true_theta=[0.1, 0.2, 0.3]),
+        r"true_theta must have shape \(2,\) or \(1, 2\), got \(1, 3\)",
+    ),
+    "simulator-shape": (
+        dict(simulator=lambda theta, g: theta[:, :1]),
+        r"simulator returned shape \(2, 1\) for 2 prior draws, expected \(2, 2\)",
+    ),
+    "simulator-nan": (
+        dict(simulator=_nan_simulator),
+        r"simulator returned NaN/inf \[nan, nan\] at the prior draw theta=",
+    ),
+    "simulator-fails": (
+        dict(simulator=_failing_simulator),
+        r"simulator fails on 2 prior draws .*: KeyError: \"column 'age'\"",
+    ),
+    "simulator-not-callable": (
+        dict(simulator=3.0),
+        r"simulator must be a function of theta \(and rng\), got float",
+    ),
     "backend": (dict(backend="jax"), r"backend must be one of \('torch', 'numpy'\), got 'jax'"),
     "mechanism": (dict(mechanism="laplace"), r"mechanism must be a dpsbi mechanism"),
-    "parameter-names": (dict(parameter_names=["mu"]), r"parameter_names must be 2 distinct strings, got \['mu'\]"),
+    "parameter-names": (
+        dict(parameter_names=["mu"]),
+        r"parameter_names must be 2 distinct strings, got \['mu'\]",
+    ),
 }
 
 
 @pytest.mark.parametrize("change, match", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
 def test_each_bad_input_is_refused_at_construction_in_one_line(change, match):
-    arguments = {**dict(prior=normal([0.0, 0.0], [1.0, 1.0]), simulator=torch_simulator, mechanism=MECHANISM, y_obs=Y_OBS), **change}
+    arguments = {
+        **dict(
+            prior=normal([0.0, 0.0], [1.0, 1.0]), simulator=torch_simulator, mechanism=MECHANISM, y_obs=Y_OBS
+        ),
+        **change,
+    }
     with pytest.raises(ValueError, match=match) as refused:
         from_simulator(**arguments)
     assert str(refused.value).startswith("task 'custom': ") and "\n" not in str(refused.value)
@@ -175,15 +223,38 @@ def test_each_bad_input_is_refused_at_construction_in_one_line(change, match):
 
 def test_every_problem_is_listed_at_once_one_line_each():
     with pytest.raises(ValueError) as refused:
-        from_simulator(box([0.0, 0.0], [1.0, 1.0]), _nan_simulator, MECHANISM, [0.1], true_theta=[2.0, 0.5], parameter_names=["a"], name="mine")
+        from_simulator(
+            box([0.0, 0.0], [1.0, 1.0]),
+            _nan_simulator,
+            MECHANISM,
+            [0.1],
+            true_theta=[2.0, 0.5],
+            parameter_names=["a"],
+            name="mine",
+        )
     lines = str(refused.value).splitlines()
     assert lines[0] == "task 'mine' has 4 problems:"
-    for line, expected in zip(lines[1:], ["y_obs has 1 values", "true_theta [2.0, 0.5] lies outside", "parameter_names must be 2", "simulator returned NaN/inf"]):
+    for line, expected in zip(
+        lines[1:],
+        [
+            "y_obs has 1 values",
+            "true_theta [2.0, 0.5] lies outside",
+            "parameter_names must be 2",
+            "simulator returned NaN/inf",
+        ],
+    ):
         assert line.startswith(f"  - {expected}")
 
 
 def test_the_default_transform_maps_onto_a_bounded_prior():
-    task = from_simulator(box([0.0, 1.0], [1.0, 3.0]), torch_simulator, MECHANISM, Y_OBS, true_theta=[0.5, 2.0], parameter_names=["p", "q"])
+    task = from_simulator(
+        box([0.0, 1.0], [1.0, 3.0]),
+        torch_simulator,
+        MECHANISM,
+        Y_OBS,
+        true_theta=[0.5, 2.0],
+        parameter_names=["p", "q"],
+    )
     theta = task.transform(10 * torch.randn(100, 2))
     assert task.dim_unconstrained == 2 and bool(task.prior.support.check(theta).all())
     assert task.true_theta.shape == (1, 2) and task.parameter_names == ["p", "q"]
@@ -192,24 +263,40 @@ def test_the_default_transform_maps_onto_a_bounded_prior():
 def test_the_task_epsilon_is_the_mechanism_target():
     """The binomial curve mechanism's exact epsilon is a little below the target it was built from."""
     mechanism = BinomialCurve(trials=100, population=1000, dim=3, epsilon=2.0)
-    task = from_simulator(box([0.0], [1.0]), lambda theta, g: 1000 * theta.expand(-1, 3), mechanism, [0.01, 0.05, 0.02])
+    task = from_simulator(
+        box([0.0], [1.0]), lambda theta, g: 1000 * theta.expand(-1, 3), mechanism, [0.01, 0.05, 0.02]
+    )
     assert task.epsilon == 2.0 and mechanism.epsilon < 2.0
 
 
 def test_a_hand_built_task_with_another_epsilon_than_its_mechanism_is_refused():
     prior = normal([0.0, 0.0], [1.0, 1.0])
-    with pytest.raises(ValueError, match=r"task 'mine': epsilon=2 disagrees with its mechanism Laplace.*\(epsilon=1\)"):
+    with pytest.raises(
+        ValueError, match=r"task 'mine': epsilon=2 disagrees with its mechanism Laplace.*\(epsilon=1\)"
+    ):
         Task("mine", prior, torch_simulator, Laplace(1.0, 1.0, dim=2), epsilon=2.0)
     with pytest.raises(ValueError, match="epsilon=5 disagrees"):
         dataclasses.replace(dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0), epsilon=5.0)
-    assert Task("observed", prior, torch_simulator, Laplace(1.0, 1.0, dim=2), epsilon=2.0, release_from_mechanism=False).epsilon == 2.0
+    assert (
+        Task(
+            "observed",
+            prior,
+            torch_simulator,
+            Laplace(1.0, 1.0, dim=2),
+            epsilon=2.0,
+            release_from_mechanism=False,
+        ).epsilon
+        == 2.0
+    )
     gdp = Gaussian.gdp(0.5, 1.0, dim=2)  # a mu-GDP mechanism states mu; its epsilon is that at delta
     assert Task("gdp", prior, torch_simulator, gdp, epsilon=0.5).epsilon == 0.5
 
 
 def test_prior_shorthands_are_vector_distributions():
     prior = box(0.0, [1.0, 2.0])
-    assert prior.event_shape == (2,) and prior.log_prob(torch.tensor([0.5, 1.0])).item() == pytest.approx(-math.log(2.0))
+    assert prior.event_shape == (2,) and prior.log_prob(torch.tensor([0.5, 1.0])).item() == pytest.approx(
+        -math.log(2.0)
+    )
     assert normal([1.0, 2.0, 3.0], 0.5).event_shape == (3,)
     assert isinstance(normal(0.0, 1.0), Independent) and normal(0.0, 1.0).event_shape == (1,)
     with pytest.raises(ValueError, match=r"box: need low < high in every coordinate"):

@@ -15,7 +15,9 @@ from dpsbi.metrics import c2st
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
 
 
-def assert_matches(chains: torch.Tensor, mean: torch.Tensor, sd: torch.Tensor, ref_ess: float = math.inf, z: float = 4.0):
+def assert_matches(
+    chains: torch.Tensor, mean: torch.Tensor, sd: torch.Tensor, ref_ess: float = math.inf, z: float = 4.0
+):
     """Mean and variance of independent ``chains (C, T, d)`` within ``z`` Monte Carlo errors of the reference's,
     the errors estimated from the spread between chains (plus the reference's own, from its ESS)."""
     chains, mean, sd = chains.double(), mean.double(), sd.double()
@@ -23,8 +25,16 @@ def assert_matches(chains: torch.Tensor, mean: torch.Tensor, sd: torch.Tensor, r
     got_mean, se_mean = per_chain.mean(0), per_chain.std(0) / math.sqrt(chains.shape[0])
     per_chain_var = ((chains - got_mean) ** 2).mean(1)
     got_var, se_var = per_chain_var.mean(0), per_chain_var.std(0) / math.sqrt(chains.shape[0])
-    assert ((got_mean - mean).abs() < z * (se_mean**2 + sd**2 / ref_ess).sqrt()).all(), (got_mean, mean, se_mean)
-    assert ((got_var - sd**2).abs() < z * (se_var**2 + 2 * sd**4 / ref_ess).sqrt()).all(), (got_var, sd**2, se_var)
+    assert ((got_mean - mean).abs() < z * (se_mean**2 + sd**2 / ref_ess).sqrt()).all(), (
+        got_mean,
+        mean,
+        se_mean,
+    )
+    assert ((got_var - sd**2).abs() < z * (se_var**2 + 2 * sd**4 / ref_ess).sqrt()).all(), (
+        got_var,
+        sd**2,
+        se_var,
+    )
 
 
 def test_regression_matches_exact_abc_importance_sampling():

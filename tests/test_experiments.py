@@ -20,13 +20,20 @@ from dpsbi import cli
 from dpsbi.experiment import METHODS, ConfigError, config_dir, plan, reference_posterior, run_experiment
 from dpsbi.experiment.outputs import read_draws, read_rows
 
-TASKS = [t for t in dpsbi.tasks.names() if t != "custom"]  # "custom" imports a user's factory: tests/test_your_model.py
+TASKS = [
+    t for t in dpsbi.tasks.names() if t != "custom"
+]  # "custom" imports a user's factory: tests/test_your_model.py
 OUTBREAKS = [t for t in TASKS if t.startswith("sir_")]
 RELEASED = [t for t in TASKS if t not in OUTBREAKS]  # tasks whose y_obs came from the mechanism
 #: Where each method runs with its default config: the rest are refused with a clear error.
 SUPPORT = {
-    "sppe": TASKS, "sple": TASKS, "naive_npe": TASKS, "smc_abc": TASKS,
-    "rejection_abc": RELEASED, "abc_is": RELEASED, "pmmh": RELEASED,
+    "sppe": TASKS,
+    "sple": TASKS,
+    "naive_npe": TASKS,
+    "smc_abc": TASKS,
+    "rejection_abc": RELEASED,
+    "abc_is": RELEASED,
+    "pmmh": RELEASED,
     "abcdp": ["regression", "uniform_mixture"],  # needs the confidential summary s_obs
     "da_mcmc": ["naive_bayes", "regression"],  # needs the record likelihood
     "mhaar": ["binary_responses", "normal_variance"],  # needs a latent summary / record model
@@ -34,16 +41,50 @@ SUPPORT = {
     "mh_clt": [],  # needs a Gaussian CLT law and a Gaussian mechanism: normal_variance with task.noise=gaussian
 }
 #: Small budgets and quiet output for every run of these tests.
-QUICK = ["companions=[]", "progress=false", "plots=false", "trainer=cpu", "trainer.threads=1", "evaluation.num_samples=200",
-         "evaluation.metrics=[mmd,nlog,lmd]", "evaluation.lmd_draws=50", "reference.num_samples=200",
-         "reference.pilot_simulations=100", "reference.max_simulations=3000", "reference.importance_particles=60", "reference.importance_draws=500"]
-NEURAL = ["method.training.max_epochs=2", "method.flow={transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}"]
+QUICK = [
+    "companions=[]",
+    "progress=false",
+    "plots=false",
+    "trainer=cpu",
+    "trainer.threads=1",
+    "evaluation.num_samples=200",
+    "evaluation.metrics=[mmd,nlog,lmd]",
+    "evaluation.lmd_draws=50",
+    "reference.num_samples=200",
+    "reference.pilot_simulations=100",
+    "reference.max_simulations=3000",
+    "reference.importance_particles=60",
+    "reference.importance_draws=500",
+]
+NEURAL = [
+    "method.training.max_epochs=2",
+    "method.flow={transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}",
+]
 #: A cheap supported task and tiny settings for each method.
 TINY = {
-    "sppe": ["task=poisson_counts", "method.rounds=2", "method.sims_per_round=100", "method.inner_samples=4", *NEURAL],
-    "sple": ["task=poisson_counts", "method.rounds=1", "method.sims_per_round=100", "method.inner_samples=4",
-             "method.mcmc={num_chains: 10, warmup: 10, thin: 1, init_candidates: 100}", *NEURAL],
-    "naive_npe": ["task=poisson_counts", "method.rounds=1", "method.sims_per_round=100", *NEURAL, "evaluation.calibration_runs=20", "evaluation.calibration_samples=100"],
+    "sppe": [
+        "task=poisson_counts",
+        "method.rounds=2",
+        "method.sims_per_round=100",
+        "method.inner_samples=4",
+        *NEURAL,
+    ],
+    "sple": [
+        "task=poisson_counts",
+        "method.rounds=1",
+        "method.sims_per_round=100",
+        "method.inner_samples=4",
+        "method.mcmc={num_chains: 10, warmup: 10, thin: 1, init_candidates: 100}",
+        *NEURAL,
+    ],
+    "naive_npe": [
+        "task=poisson_counts",
+        "method.rounds=1",
+        "method.sims_per_round=100",
+        *NEURAL,
+        "evaluation.calibration_runs=20",
+        "evaluation.calibration_samples=100",
+    ],
     "rejection_abc": ["task=poisson_counts", "method.num_samples=200"],
     "abc_is": ["task=poisson_counts", "method.num_simulations=2000"],
     "smc_abc": ["task=poisson_counts", "method.num_particles=100", "method.tolerance_end=0.5"],
@@ -95,9 +136,15 @@ def test_wall_time_is_the_fitting_time_so_far(tmp_path, monkeypatch):
 
     clock = iter(range(0, 10_000, 10))
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
-    cfg = config("method=sppe", *TINY["sppe"], "method.rounds=3", *QUICK, f"reference.cache_dir={tmp_path / 'cache'}")
+    cfg = config(
+        "method=sppe", *TINY["sppe"], "method.rounds=3", *QUICK, f"reference.cache_dir={tmp_path / 'cache'}"
+    )
     run_experiment(cfg, tmp_path / "run")
-    assert [r["wall_time"] for r in read_rows(tmp_path / "run" / "sppe" / "rounds.json")] == [10.0, 20.0, 30.0]
+    assert [r["wall_time"] for r in read_rows(tmp_path / "run" / "sppe" / "rounds.json")] == [
+        10.0,
+        20.0,
+        30.0,
+    ]
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -114,7 +161,9 @@ def test_every_method_runs_on_a_tiny_budget(method, tmp_path):
     assert names == task.parameter_names and draws.shape[1] == task.dim_theta and torch.isfinite(draws).all()
     rounds = read_rows(tmp_path / "run" / "metrics")
     assert [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
-    assert all((tmp_path / "run" / method / "rounds" / f"round_{r['round']:02d}.pt").is_file() for r in rounds)
+    assert all(
+        (tmp_path / "run" / method / "rounds" / f"round_{r['round']:02d}.pt").is_file() for r in rounds
+    )
     assert (tmp_path / "run" / method / ("posterior.pt" if METHODS[method].neural else "result.pt")).is_file()
 
 
@@ -122,13 +171,27 @@ def test_every_method_runs_on_a_tiny_budget(method, tmp_path):
 def test_every_task_runs(task, tmp_path):
     """A cheap baseline on each task (SMC-ABC, which runs everywhere; exact importance ABC on the discrete
     randomized-response release, where a Euclidean tolerance accepts nothing), scored against its reference."""
-    method = ["method=abc_is", "method.num_simulations=500"] if task == "binary_responses" else \
-        ["method=smc_abc", "method.num_particles=60", "method.tolerance_end=0.7", "method.max_simulations=20000"]
+    method = (
+        ["method=abc_is", "method.num_simulations=500"]
+        if task == "binary_responses"
+        else [
+            "method=smc_abc",
+            "method.num_particles=60",
+            "method.tolerance_end=0.7",
+            "method.max_simulations=20000",
+        ]
+    )
     extra = SIR_SMALL if task.startswith("sir") else []
     cfg = config(f"task={task}", *method, *extra, *QUICK, f"reference.cache_dir={tmp_path / 'cache'}")
     (row,) = run_experiment(cfg, tmp_path / "run")
     reference = json.loads((tmp_path / "run" / "reference.json").read_text())
-    expected = "none" if task in OUTBREAKS else "closed_form" if task in ("poisson_counts", "conjugate_gaussian") else None
+    expected = (
+        "none"
+        if task in OUTBREAKS
+        else "closed_form"
+        if task in ("poisson_counts", "conjugate_gaussian")
+        else None
+    )
     assert row["reference"] == reference["kind"] and (expected is None or reference["kind"] == expected)
     assert ("mmd" in row) == (reference["kind"] != "none")
     if not reference["exact"]:
@@ -138,33 +201,53 @@ def test_every_task_runs(task, tmp_path):
 def test_rejection_abc_scores_like_the_exact_reference(tmp_path):
     """Exact draws against exact draws: C2ST within 4 binomial sd of chance (the scoring pipeline is unbiased)."""
     n = 400
-    cfg = config("task=poisson_counts", "method=rejection_abc", f"method.num_samples={n}", *QUICK, f"evaluation.num_samples={n}",
-                 f"reference.num_samples={n}", "evaluation.metrics=[c2st]", f"reference.cache_dir={tmp_path}")
+    cfg = config(
+        "task=poisson_counts",
+        "method=rejection_abc",
+        f"method.num_samples={n}",
+        *QUICK,
+        f"evaluation.num_samples={n}",
+        f"reference.num_samples={n}",
+        "evaluation.metrics=[c2st]",
+        f"reference.cache_dir={tmp_path}",
+    )
     (row,) = run_experiment(cfg, tmp_path / "run")
     assert abs(row["c2st"] - 0.5) < 4 * math.sqrt(0.25 / (2 * n))
 
 
 def test_reference_is_exact_and_cached(tmp_path, monkeypatch):
     task = dpsbi.tasks.load("poisson_counts")
-    settings = dict(pilot_simulations=200, max_simulations=10**6, importance_particles=100, importance_draws=2000)
-    ref = reference_posterior(task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings)
+    settings = dict(
+        pilot_simulations=200, max_simulations=10**6, importance_particles=100, importance_draws=2000
+    )
+    ref = reference_posterior(
+        task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings
+    )
     assert ref.kind == "rejection" and ref.exact and ref.samples.shape == (2000, 1)
     exact = task.exact_posterior(task.y_obs)
-    assert abs(float(ref.samples.mean()) - float(exact.mean)) < 4 * float(exact.variance.sqrt()) / math.sqrt(2000)
+    assert abs(float(ref.samples.mean()) - float(exact.mean)) < 4 * float(exact.variance.sqrt()) / math.sqrt(
+        2000
+    )
     assert len(list(tmp_path.rglob("*.pt"))) == 1 and "poisson_counts" in str(next(tmp_path.rglob("*.pt")))
 
     def no_simulation(*args, **kwargs):
         raise AssertionError("a cached reference must not be simulated again")
 
     monkeypatch.setattr(dpsbi.baselines, "rejection_abc", no_simulation)
-    again = reference_posterior(task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings)
+    again = reference_posterior(
+        task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings
+    )
     assert torch.equal(again.samples, ref.samples) and again.note == ref.note
 
 
 def test_importance_reference_matches_the_exact_posterior(tmp_path):
     task = dpsbi.tasks.load("poisson_counts")
-    settings = dict(pilot_simulations=200, max_simulations=10**6, importance_particles=500, importance_draws=200_000)
-    ref = reference_posterior(task, {"name": "poisson_counts"}, "importance", 2000, tmp_path, seed=0, progress=False, **settings)
+    settings = dict(
+        pilot_simulations=200, max_simulations=10**6, importance_particles=500, importance_draws=200_000
+    )
+    ref = reference_posterior(
+        task, {"name": "poisson_counts"}, "importance", 2000, tmp_path, seed=0, progress=False, **settings
+    )
     assert ref.kind == "importance" and not ref.exact
     ess = float(ref.note.split("ESS ")[1].split(";")[0])
     assert ess > 20_000, ref.note  # the fitted proposal keeps most draws useful
@@ -175,9 +258,25 @@ def test_importance_reference_matches_the_exact_posterior(tmp_path):
 
 def test_sir_reference_says_it_is_approximate(tmp_path):
     task = dpsbi.tasks.load("sir", epsilon=10.0, population=10000)
-    ref = reference_posterior(task, {"name": "sir", "population": 10000}, "auto", 100, tmp_path, seed=0, progress=False,
-                              pilot_simulations=100, max_simulations=10**5, importance_particles=60, importance_draws=500)
-    assert ref.kind == "importance" and not ref.exact and ref.note.startswith("APPROXIMATE") and "ESS" in ref.note
+    ref = reference_posterior(
+        task,
+        {"name": "sir", "population": 10000},
+        "auto",
+        100,
+        tmp_path,
+        seed=0,
+        progress=False,
+        pilot_simulations=100,
+        max_simulations=10**5,
+        importance_particles=60,
+        importance_draws=500,
+    )
+    assert (
+        ref.kind == "importance"
+        and not ref.exact
+        and ref.note.startswith("APPROXIMATE")
+        and "ESS" in ref.note
+    )
 
 
 @pytest.mark.parametrize(
@@ -193,10 +292,19 @@ def test_sir_reference_says_it_is_approximate(tmp_path):
         (["evaluation.metrics=[c2st,accuracy]"], "unknown metrics ['accuracy']"),
         (["trainer.threads=0"], "trainer.threads must be a positive integer"),
         (["budget.rounds=0"], "budget.rounds must be a positive integer or null, got 0"),
-        (["budget.sims_per_round=many"], "budget.sims_per_round must be a positive integer or null, got 'many'"),
+        (
+            ["budget.sims_per_round=many"],
+            "budget.sims_per_round must be a positive integer or null, got 'many'",
+        ),
         (["budget.max_epochs=1.5"], "budget.max_epochs must be a positive integer or null, got 1.5"),
-        (["+budget.epochs=3"], "unknown budget keys ['epochs']; known: rounds, sims_per_round, inner_samples, max_epochs, max_steps"),
-        (["method=sple", "budget.inner_samples=3"], "method 'sple': RQMC (qmc=True) needs inner_samples a power of two, got 3"),
+        (
+            ["+budget.epochs=3"],
+            "unknown budget keys ['epochs']; known: rounds, sims_per_round, inner_samples, max_epochs, max_steps",
+        ),
+        (
+            ["method=sple", "budget.inner_samples=3"],
+            "method 'sple': RQMC (qmc=True) needs inner_samples a power of two, got 3",
+        ),
     ],
 )
 def test_bad_config_values_fail_at_start(overrides, message, tmp_path):
@@ -207,26 +315,44 @@ def test_bad_config_values_fail_at_start(overrides, message, tmp_path):
 
 
 def test_one_budget_sets_every_neural_method():
-    cfg = config("method=sppe", "companions=[sple,naive_npe,smc_abc]", "trainer=cpu", "+method_settings.sppe.rounds=5",
-                 "budget.rounds=1", "budget.sims_per_round=50", "budget.inner_samples=8", "budget.max_epochs=3")
+    cfg = config(
+        "method=sppe",
+        "companions=[sple,naive_npe,smc_abc]",
+        "trainer=cpu",
+        "+method_settings.sppe.rounds=5",
+        "budget.rounds=1",
+        "budget.sims_per_round=50",
+        "budget.inner_samples=8",
+        "budget.max_epochs=3",
+    )
     settings = {method.name: s for method, s in plan(cfg).methods}
     assert list(settings) == ["sppe", "sple", "naive_npe", "smc_abc"]
     for name in ("sppe", "sple", "naive_npe"):  # the budget overrides the method configs and method_settings
         assert (settings[name]["rounds"], settings[name]["sims_per_round"]) == (1, 50)
         training = settings[name]["training"]
         assert training["max_epochs"] == 3 and training["patience"] == 20 and training["accelerator"] == "cpu"
-    assert settings["sppe"]["inner_samples"] == settings["sple"]["inner_samples"] == 8 and "inner_samples" not in settings["naive_npe"]
+    assert (
+        settings["sppe"]["inner_samples"] == settings["sple"]["inner_samples"] == 8
+        and "inner_samples" not in settings["naive_npe"]
+    )
     assert not {"rounds", "training"} & set(settings["smc_abc"])  # the classical baselines ignore it
     unset = {method.name: s for method, s in plan(config("companions=[sple,naive_npe]")).methods}
-    assert (unset["sppe"]["rounds"], unset["sple"]["sims_per_round"], unset["naive_npe"]["training"]["max_steps"]) == (10, 1000, 500)
+    assert (
+        unset["sppe"]["rounds"],
+        unset["sple"]["sims_per_round"],
+        unset["naive_npe"]["training"]["max_steps"],
+    ) == (10, 1000, 500)
 
 
 @pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])
 def test_the_method_configs_are_the_library_defaults(method):
     """``dpsbi-run method=sppe`` fits what ``dpsbi.SPPE(task)`` fits: configs/method/*.yaml state the defaults."""
-    (chosen, settings), = plan(config(f"method={method}", "companions=[]", "trainer=cpu")).methods
+    ((chosen, settings),) = plan(config(f"method={method}", "companions=[]", "trainer=cpu")).methods
     task = dpsbi.tasks.load("regression", epsilon=1.0)
-    assert chosen.load()(task, **settings, progress=False).fingerprint() == chosen.load()(task, training=dict(accelerator="cpu"), progress=False).fingerprint()
+    assert (
+        chosen.load()(task, **settings, progress=False).fingerprint()
+        == chosen.load()(task, training=dict(accelerator="cpu"), progress=False).fingerprint()
+    )
 
 
 @pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])
@@ -234,13 +360,18 @@ def test_the_paper_preset_is_the_python_paper_preset(method):
     """``experiment=paper`` builds each neural method exactly as ``Estimator.paper(task)`` does: the paper's
     budget, M = 32 RQMC, 10 atoms, constant lr 5e-4, open-ended rounds with patience 20."""
     cfg = config("experiment=paper", f"method={method}", "trainer=cpu")
-    (chosen, settings), = plan(cfg).methods
+    ((chosen, settings),) = plan(cfg).methods
     task = dpsbi.tasks.load("regression", epsilon=1.0)
     from_config = chosen.load()(task, **settings, progress=False).fingerprint()
     paper = chosen.load().paper(task, training=dict(accelerator="cpu"), progress=False).fingerprint()
     assert from_config == paper
-    assert paper["rounds"] * paper["sims_per_round"] == 10_000 and paper["rounds"] == (1 if method == "naive_npe" else 10)
-    assert paper["training"]["lr_schedule"] == "constant" and paper["training"]["max_epochs"] is None is paper["training"]["max_steps"]
+    assert paper["rounds"] * paper["sims_per_round"] == 10_000 and paper["rounds"] == (
+        1 if method == "naive_npe" else 10
+    )
+    assert (
+        paper["training"]["lr_schedule"] == "constant"
+        and paper["training"]["max_epochs"] is None is paper["training"]["max_steps"]
+    )
     assert method == "naive_npe" or (paper["inner_samples"], paper["qmc"]) == (32, True)
     assert paper.get("atoms", 10) == 10
 
@@ -277,8 +408,17 @@ def _cli(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_method_out_of_simulation_budget_ends_in_one_line(tmp_path):
-    run = _cli("dpsbi-run", "task=poisson_counts", "method=rejection_abc", "method.num_samples=200", "method.batch_size=100",
-               "method.max_simulations=200", *QUICK, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    run = _cli(
+        "dpsbi-run",
+        "task=poisson_counts",
+        "method=rejection_abc",
+        "method.num_samples=200",
+        "method.batch_size=100",
+        "method.max_simulations=200",
+        *QUICK,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert "dpsbi-run: out of simulation budget: rejection_abc hit max_simulations=200" in run.stderr
 
@@ -286,13 +426,28 @@ def test_a_method_out_of_simulation_budget_ends_in_one_line(tmp_path):
 def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
     naive = "{rounds: 1, sims_per_round: 100, training: {max_epochs: 2}, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
     # mhaar cannot run on poisson_counts (no record model): the sweep goes on, then says so and exits 1.
-    sweep = _cli("dpsbi-run", "-m", "task=poisson_counts", "method=naive_npe,mhaar,rejection_abc", f"+method_settings.naive_npe={naive}",
-                 "+method_settings.rejection_abc.num_samples=200", *QUICK, "plots=true", f"hydra.sweep.dir={tmp_path / 'multi'}", cwd=tmp_path)
+    sweep = _cli(
+        "dpsbi-run",
+        "-m",
+        "task=poisson_counts",
+        "method=naive_npe,mhaar,rejection_abc",
+        f"+method_settings.naive_npe={naive}",
+        "+method_settings.rejection_abc.num_samples=200",
+        *QUICK,
+        "plots=true",
+        f"hydra.sweep.dir={tmp_path / 'multi'}",
+        cwd=tmp_path,
+    )
     assert sweep.returncode == 1, sweep.stderr[-3000:]
     assert "1 job(s) of the sweep could not run" in sweep.stderr and "1_poisson_counts" in sweep.stderr
-    assert "method 'mhaar' cannot run on task 'poisson_counts'" in sweep.stderr and "Traceback" not in sweep.stderr
+    assert (
+        "method 'mhaar' cannot run on task 'poisson_counts'" in sweep.stderr
+        and "Traceback" not in sweep.stderr
+    )
     runs = sorted((tmp_path / "multi").glob("*/summary.json"))
-    assert len(runs) == 2 and (tmp_path / "multi" / "comparison.png").is_file()  # the sweep-end callback compared them
+    assert (
+        len(runs) == 2 and (tmp_path / "multi" / "comparison.png").is_file()
+    )  # the sweep-end callback compared them
     assert "naive_npe" in sweep.stdout and "rejection_abc" in sweep.stdout
     naive, rejection = (p.parent for p in runs)
     assert {p.name for p in naive.glob("*.png")} == {"pairplot.png", "metrics.png"}
@@ -302,8 +457,20 @@ def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
     high, names = read_draws(tmp_path / "draws45.csv")
     assert names == ["theta"] and high.shape == (300, 1) and "mean" in out.stdout
     (tmp_path / "low.txt").write_text("20\n")
-    cli.sample([str(naive / "naive_npe" / "posterior.pt"), "--release-file", str(tmp_path / "low.txt"), "-n", "300", "-o", str(tmp_path / "draws20.csv")])
-    assert high.mean() > read_draws(tmp_path / "draws20.csv")[0].mean()  # an amortized posterior follows the release
+    cli.sample(
+        [
+            str(naive / "naive_npe" / "posterior.pt"),
+            "--release-file",
+            str(tmp_path / "low.txt"),
+            "-n",
+            "300",
+            "-o",
+            str(tmp_path / "draws20.csv"),
+        ]
+    )
+    assert (
+        high.mean() > read_draws(tmp_path / "draws20.csv")[0].mean()
+    )  # an amortized posterior follows the release
 
     with pytest.raises(SystemExit, match=r"release must have shape \(n, 1\)"):
         cli.sample([str(naive), "--release", "1,2"])

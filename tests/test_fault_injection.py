@@ -10,11 +10,13 @@ import random
 from pathlib import Path
 
 import pytest
-
-from dpsbi.faults import DIFFERENT
 from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
-_spec = importlib.util.spec_from_file_location("fault_injection", Path(__file__).parents[1] / "scripts" / "fault_injection.py")
+from dpsbi.faults import DIFFERENT
+
+_spec = importlib.util.spec_from_file_location(
+    "fault_injection", Path(__file__).parents[1] / "scripts" / "fault_injection.py"
+)
 faults = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(faults)
 

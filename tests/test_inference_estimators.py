@@ -3,11 +3,11 @@ callbacks and resuming an interrupted run."""
 
 import pytest
 import torch
+from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 import dpsbi
 from dpsbi.inference.estimator import PROBE_ROWS
 from dpsbi.metrics import c2st
-from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 SMALL = dict(flow=dict(transforms=2, hidden=32), training=dict(max_epochs=30, patience=5), progress=False)
 
@@ -29,7 +29,15 @@ def exact(task):
 def sppe_run(task):
     """A two-round SPPE run and the posteriors handed to on_round_end."""
     calls = []
-    post = dpsbi.SPPE(task, rounds=2, sims_per_round=400, inner_samples=8, atoms=5, on_round_end=lambda *a: calls.append(a), **SMALL).run()
+    post = dpsbi.SPPE(
+        task,
+        rounds=2,
+        sims_per_round=400,
+        inner_samples=8,
+        atoms=5,
+        on_round_end=lambda *a: calls.append(a),
+        **SMALL,
+    ).run()
     return post, calls
 
 
@@ -64,14 +72,27 @@ def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_
     from dpsbi.inference.truncation import density_threshold
 
     posteriors = []
-    estimator = dpsbi.SPPE(task, rounds=2, sims_per_round=400, inner_samples=8, truncate=1e-3, truncation_draws=20_000, on_round_end=lambda i, p, n: posteriors.append(p), **SMALL)
+    estimator = dpsbi.SPPE(
+        task,
+        rounds=2,
+        sims_per_round=400,
+        inner_samples=8,
+        truncate=1e-3,
+        truncation_draws=20_000,
+        on_round_end=lambda i, p, n: posteriors.append(p),
+        **SMALL,
+    )
     post = estimator.run()
     assert c2st(post.sample((1000,), seed=0), exact) <= 0.6
     proposed = estimator.data["theta"][estimator.data["round"] == 1]
-    threshold = density_threshold(posteriors[0], 1e-3, 20_000, derive_seed(derive_seed(0, 1, "propose"), "threshold"))  # the run's
+    threshold = density_threshold(
+        posteriors[0], 1e-3, 20_000, derive_seed(derive_seed(0, 1, "propose"), "threshold")
+    )  # the run's
     assert (posteriors[0].log_prob(proposed) >= threshold).all()
     prior = task.prior.sample((4000,))
-    assert (posteriors[0].log_prob(prior) < threshold).float().mean() > 0.002  # the cut removes ~1 % of this prior
+    assert (
+        posteriors[0].log_prob(prior) < threshold
+    ).float().mean() > 0.002  # the cut removes ~1 % of this prior
 
 
 def test_sple_matches_the_exact_private_posterior(task, exact):
@@ -83,10 +104,14 @@ def test_sple_matches_the_exact_private_posterior(task, exact):
 def test_naive_npe_fits_the_non_private_posterior_and_misses_the_private_one(task, exact):
     """NaiveNPE learns theta | s, i.e. N(y / (1 + v), v / (1 + v)) with v = 0.09 at s = y_obs, and so misses
     the private posterior, whose variance also counts the mechanism's sigma^2 = 0.25."""
-    post = dpsbi.NaiveNPE(task, rounds=1, sims_per_round=1000, **{**SMALL, "training": dict(max_epochs=60, patience=10)}).run()
+    post = dpsbi.NaiveNPE(
+        task, rounds=1, sims_per_round=1000, **{**SMALL, "training": dict(max_epochs=60, patience=10)}
+    ).run()
     draws = post.sample((1000,), seed=0)
     v = 0.09
-    naive = task.y_obs / (1 + v) + (v / (1 + v)) ** 0.5 * torch.randn(1000, 2, generator=torch.Generator().manual_seed(3))
+    naive = task.y_obs / (1 + v) + (v / (1 + v)) ** 0.5 * torch.randn(
+        1000, 2, generator=torch.Generator().manual_seed(3)
+    )
     assert c2st(draws, naive) <= 0.6
     assert c2st(draws, exact) > 0.6
 
@@ -111,7 +136,15 @@ class Interrupt(Exception):
 
 
 def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path):
-    settings = dict(rounds=3, sims_per_round=100, inner_samples=4, atoms=3, flow=dict(transforms=1, hidden=8), training=dict(max_epochs=2), progress=False)
+    settings = dict(
+        rounds=3,
+        sims_per_round=100,
+        inner_samples=4,
+        atoms=3,
+        flow=dict(transforms=1, hidden=8),
+        training=dict(max_epochs=2),
+        progress=False,
+    )
     reference = dpsbi.SPPE(dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0), **settings).run()
 
     def kill_after_round_1(index, posterior, n):
@@ -123,15 +156,26 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
         dpsbi.SPPE(task, checkpoint_dir=tmp_path, on_round_end=kill_after_round_1, **settings).run()
     assert calls == [100, 100]
     rounds_seen = []
-    resumed = dpsbi.SPPE(task, checkpoint_dir=tmp_path, on_round_end=lambda i, p, n: rounds_seen.append((i, n)), **settings).run()
+    resumed = dpsbi.SPPE(
+        task, checkpoint_dir=tmp_path, on_round_end=lambda i, p, n: rounds_seen.append((i, n)), **settings
+    ).run()
     assert calls == [100, 100, 100] and rounds_seen == [(2, 300)]  # only round 2 simulated and trained
-    assert torch.equal(resumed.sample((50,), seed=7), reference.sample((50,), seed=7))  # same as never interrupted
-    assert dpsbi.SPPE(task, checkpoint_dir=tmp_path, **settings).run().sample((5,), seed=1).shape == (5, 2)  # done: no work
+    assert torch.equal(
+        resumed.sample((50,), seed=7), reference.sample((50,), seed=7)
+    )  # same as never interrupted
+    assert dpsbi.SPPE(task, checkpoint_dir=tmp_path, **settings).run().sample((5,), seed=1).shape == (
+        5,
+        2,
+    )  # done: no work
     assert calls == [100, 100, 100]
     with pytest.raises(ValueError, match="sims_per_round"):
         dpsbi.SPPE(task, checkpoint_dir=tmp_path, **{**settings, "sims_per_round": 200}).run()
     with pytest.raises(ValueError, match="training.validation_fraction: 0.05 vs 0.1"):
-        dpsbi.SPPE(task, checkpoint_dir=tmp_path, **{**settings, "training": dict(max_epochs=2, validation_fraction=0.1)}).run()
+        dpsbi.SPPE(
+            task,
+            checkpoint_dir=tmp_path,
+            **{**settings, "training": dict(max_epochs=2, validation_fraction=0.1)},
+        ).run()
 
 
 @pytest.mark.parametrize(
@@ -149,7 +193,10 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
         (dict(training=dict(epochs=3)), "unknown training settings"),
         (dict(training=dict(max_steps=0)), "max_steps=0"),
         (dict(training=dict(lr_schedule="linear")), r"lr_schedule='linear'.*one of \('constant', 'cosine'\)"),
-        (dict(training=dict(lr_schedule="cosine", max_steps=None)), "decays over a round's max_steps: set max_steps"),
+        (
+            dict(training=dict(lr_schedule="cosine", max_steps=None)),
+            "decays over a round's max_steps: set max_steps",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(task, kwargs, match):
@@ -161,7 +208,9 @@ def test_a_step_budget_caps_each_round_in_whole_epochs(task):
     """190 training rows in batches of 50 are 3 steps an epoch: 25 steps round up to 9 epochs (27 steps) in
     every round, however many simulations have accumulated (round 1 trains on 380 rows, 7 steps an epoch)."""
     training = dict(batch_size=50, max_steps=25, max_epochs=None, patience=1000, lr_schedule="cosine")
-    fitted = dpsbi.SPPE(task, rounds=2, sims_per_round=200, inner_samples=2, atoms=5, **{**SMALL, "training": training})
+    fitted = dpsbi.SPPE(
+        task, rounds=2, sims_per_round=200, inner_samples=2, atoms=5, **{**SMALL, "training": training}
+    )
     fitted.run()
     assert [(h["epochs"], h["steps"]) for h in fitted.history] == [(9, 27), (4, 28)]
 
@@ -177,12 +226,18 @@ def test_the_cosine_schedule_decays_to_zero_over_the_round():
         scheduler.optimizer.step()
         scheduler.step()
         rates.append(scheduler.get_last_lr()[0])
-    assert rates[0] == pytest.approx(1e-3) and rates[5] == pytest.approx(5e-4) and rates[10] == pytest.approx(0, abs=1e-12)
+    assert (
+        rates[0] == pytest.approx(1e-3)
+        and rates[5] == pytest.approx(5e-4)
+        and rates[10] == pytest.approx(0, abs=1e-12)
+    )
     assert all(a > b for a, b in zip(rates, rates[1:]))
 
 
 def test_a_flat_training_setting_is_pointed_to_training(task):
-    with pytest.raises(TypeError, match=r"\['max_epochs'\]; training settings go in training=dict\(max_epochs=2\)"):
+    with pytest.raises(
+        TypeError, match=r"\['max_epochs'\]; training settings go in training=dict\(max_epochs=2\)"
+    ):
         dpsbi.SPPE(task, max_epochs=2)
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['foo'\]$"):
         dpsbi.SPLE(task, foo=1)
@@ -213,7 +268,9 @@ def test_poisson_counts_posterior_moments_in_the_log_space(method):
     task = dpsbi.tasks.load("poisson_counts")
     exact = task.exact_posterior(task.y_obs)
     extra = dict(mcmc=dict(num_chains=100, warmup=20, thin=1)) if method == "SPLE" else {}
-    post = getattr(dpsbi, method)(task, rounds=1, sims_per_round=1000, inner_samples=8, **SMALL, **extra).run()
+    post = getattr(dpsbi, method)(
+        task, rounds=1, sims_per_round=1000, inner_samples=8, **SMALL, **extra
+    ).run()
     draws = post.sample((1000,), seed=0)
     mean, sd = float(exact.mean), float(exact.variance.sqrt())
     assert abs(float(draws.mean()) - mean) < 0.15 * sd

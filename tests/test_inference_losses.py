@@ -9,7 +9,14 @@ from torch.distributions import Normal
 
 import dpsbi
 from dpsbi.inference.flows import ConditionalFlow, FlowConfig
-from dpsbi.inference.losses import atom_indices, inner_releases, loss_estimates, posterior_loss, sple_loss, sppe_loss
+from dpsbi.inference.losses import (
+    atom_indices,
+    inner_releases,
+    loss_estimates,
+    posterior_loss,
+    sple_loss,
+    sppe_loss,
+)
 from dpsbi.mechanisms import Gaussian, Laplace
 
 
@@ -52,7 +59,9 @@ def test_sple_loss_is_unbiased_for_the_expected_negative_log_likelihood(qmc):
     g = torch.Generator().manual_seed(1)
     loss = sple_loss(q, theta, s, mech, inner_samples=64, qmc=qmc, generator=g)
     # E_y|s[-log N(y; theta, v)] with y = s + Laplace(b): E(y - theta)^2 = (s - theta)^2 + 2 b^2 per coordinate.
-    exact = (0.5 * math.log(2 * math.pi * v) + ((s - theta) ** 2 + 2 * mech.scale**2) / (2 * v)).sum(-1).mean()
+    exact = (
+        (0.5 * math.log(2 * math.pi * v) + ((s - theta) ** 2 + 2 * mech.scale**2) / (2 * v)).sum(-1).mean()
+    )
     terms = -q.log_prob(mech.sample(s.unsqueeze(1).expand(-1, 64, -1), generator=g), theta.unsqueeze(1))
     assert abs(float(loss) - float(exact)) < 4 * _mc_standard_error(terms)
 
@@ -65,7 +74,11 @@ def test_sppe_loss_is_unbiased_for_the_expected_negative_log_posterior(qmc):
     g = torch.Generator().manual_seed(2)
     loss = sppe_loss(q, theta, s, mech, inner_samples=32, qmc=qmc, generator=g)
     # -log N(theta; a y, v) with y = s + sigma eps: E(theta - a y)^2 = (theta - a s)^2 + a^2 sigma^2.
-    exact = (0.5 * math.log(2 * math.pi * v) + ((theta - a * s) ** 2 + a**2 * mech.sigma**2) / (2 * v)).sum(-1).mean()
+    exact = (
+        (0.5 * math.log(2 * math.pi * v) + ((theta - a * s) ** 2 + a**2 * mech.sigma**2) / (2 * v))
+        .sum(-1)
+        .mean()
+    )
     terms = -q.log_prob(theta.unsqueeze(1), mech.sample(s.unsqueeze(1).expand(-1, 32, -1), generator=g))
     assert abs(float(loss) - float(exact)) < 4 * _mc_standard_error(terms)
 
@@ -95,7 +108,9 @@ def test_atomic_loss_is_log_atoms_for_the_prior_and_lower_for_the_true_posterior
     g = torch.Generator().manual_seed(3)
     n, d, noise = 200, 2, 0.25
     theta = torch.randn(n, d, generator=g, dtype=torch.float64)
-    y = (theta + math.sqrt(noise) * torch.randn(n, d, generator=g, dtype=torch.float64)).unsqueeze(1)  # (n, 1, d)
+    y = (theta + math.sqrt(noise) * torch.randn(n, d, generator=g, dtype=torch.float64)).unsqueeze(
+        1
+    )  # (n, 1, d)
     prior = Normal(0.0, 1.0)
     log_prior = prior.log_prob(theta).sum(-1)
 
@@ -103,9 +118,16 @@ def test_atomic_loss_is_log_atoms_for_the_prior_and_lower_for_the_true_posterior
         def log_prob(self, x, c):
             return prior.log_prob(x).sum(-1).expand(torch.broadcast_shapes(x.shape[:-1], c.shape[:-1]))
 
-    assert float(posterior_loss(PriorFlow(), theta, y, atoms=10, log_prior=log_prior, generator=g)) == pytest.approx(math.log(10), abs=1e-12)
-    exact = LinearGaussian(1 / (1 + noise), noise / (1 + noise))  # theta | y ~ N(y / (1 + noise), noise / (1 + noise))
-    assert float(posterior_loss(exact, theta, y, atoms=10, log_prior=log_prior, generator=g)) < math.log(10) - 0.5
+    assert float(
+        posterior_loss(PriorFlow(), theta, y, atoms=10, log_prior=log_prior, generator=g)
+    ) == pytest.approx(math.log(10), abs=1e-12)
+    exact = LinearGaussian(
+        1 / (1 + noise), noise / (1 + noise)
+    )  # theta | y ~ N(y / (1 + noise), noise / (1 + noise))
+    assert (
+        float(posterior_loss(exact, theta, y, atoms=10, log_prior=log_prior, generator=g))
+        < math.log(10) - 0.5
+    )
     with pytest.raises(ValueError, match="log_prior"):
         posterior_loss(exact, theta, y, atoms=10)
 
@@ -117,14 +139,21 @@ def test_rqmc_loss_variance_is_lower_and_falls_faster_than_mc_on_regression():
     torch.manual_seed(0)
     theta = task.prior.sample((8,))
     s = task.simulate(theta, torch.Generator().manual_seed(0))
-    flow = ConditionalFlow(FlowConfig(transforms=2, hidden=16), task.release(s.repeat(20, 1)), theta.repeat(20, 1))
+    flow = ConditionalFlow(
+        FlowConfig(transforms=2, hidden=16), task.release(s.repeat(20, 1)), theta.repeat(20, 1)
+    )
     with torch.no_grad():  # a fixed, non-trivial flow: perturb the near-identity initialisation
         for p in flow.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     ms = np.array([2, 8, 32, 128])
     g = torch.Generator().manual_seed(5)
     var = {
-        qmc: np.array([float(loss_estimates(sple_loss, flow, theta, s, task.mechanism, m, qmc, 60, g).var()) for m in ms])
+        qmc: np.array(
+            [
+                float(loss_estimates(sple_loss, flow, theta, s, task.mechanism, m, qmc, 60, g).var())
+                for m in ms
+            ]
+        )
         for qmc in (False, True)
     }
     slope = {qmc: np.polyfit(np.log(ms), np.log(v), 1)[0] for qmc, v in var.items()}

@@ -9,13 +9,13 @@ import warnings
 
 import pytest
 import torch
+from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 import dpsbi
 import dpsbi.inference.posterior as posterior_module
 from dpsbi.files import load_sealed, save_sealed
 from dpsbi.inference import ConditionalFlow, FlowConfig, FlowPosterior, LikelihoodPosterior, load_posterior
 from dpsbi.mechanisms import Laplace
-from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 TINY = dict(flow=dict(transforms=1, hidden=8), training=dict(max_epochs=2), progress=False)
 #: Three releases of the conjugate toy (B = 3) for the batched calls.
@@ -30,7 +30,9 @@ def task():
 @pytest.fixture(scope="module")
 def posteriors(task):
     sppe = dpsbi.SPPE(task, rounds=1, sims_per_round=100, inner_samples=4, **TINY).run()
-    sple = dpsbi.SPLE(task, rounds=1, sims_per_round=100, inner_samples=4, mcmc=dict(num_chains=10, warmup=5), **TINY).run()
+    sple = dpsbi.SPLE(
+        task, rounds=1, sims_per_round=100, inner_samples=4, mcmc=dict(num_chains=10, warmup=5), **TINY
+    ).run()
     return {"sppe": sppe, "sple": sple}
 
 
@@ -39,7 +41,11 @@ def _random_flow_posterior(task, cls=FlowPosterior, **kwargs):
     torch.manual_seed(0)
     theta = task.prior.sample((50,))
     z = task.transform.inv(theta)
-    inputs, context = (z, task.release(task.simulate(theta))) if cls is FlowPosterior else (task.release(task.simulate(theta)), z)
+    inputs, context = (
+        (z, task.release(task.simulate(theta)))
+        if cls is FlowPosterior
+        else (task.release(task.simulate(theta)), z)
+    )
     flow = ConditionalFlow(FlowConfig(transforms=2, hidden=8), inputs, context)
     with torch.no_grad():
         for p in flow.parameters():
@@ -79,9 +85,14 @@ def test_saved_posteriors_load_with_the_same_samples_and_densities(posteriors, t
 
 def test_samples_depend_on_the_seed_only(posteriors):
     post = posteriors["sppe"]
-    assert torch.equal(post.sample((10,), seed=1), post.sample((10,), generator=torch.Generator().manual_seed(1)))
+    assert torch.equal(
+        post.sample((10,), seed=1), post.sample((10,), generator=torch.Generator().manual_seed(1))
+    )
     assert not torch.equal(post.sample((10,), seed=1), post.sample((10,), seed=2))
-    assert post.sample((4, 5), seed=1).shape == (4, 5, 2) and post.log_prob(torch.zeros(4, 5, 2)).shape == (4, 5)
+    assert post.sample((4, 5), seed=1).shape == (4, 5, 2) and post.log_prob(torch.zeros(4, 5, 2)).shape == (
+        4,
+        5,
+    )
 
 
 def test_likelihood_posterior_log_prob_is_prior_times_likelihood_flow(posteriors, task):
@@ -98,7 +109,9 @@ def test_a_posterior_of_a_hand_built_task_loads_only_with_the_task(tmp_path, tas
     post.save(tmp_path / "p.pt")
     with pytest.raises(ValueError, match="pass task="):
         load_posterior(tmp_path / "p.pt")
-    assert torch.equal(load_posterior(tmp_path / "p.pt", task=task).sample((3,), seed=0), post.sample((3,), seed=0))
+    assert torch.equal(
+        load_posterior(tmp_path / "p.pt", task=task).sample((3,), seed=0), post.sample((3,), seed=0)
+    )
 
 
 class Payload:
@@ -146,7 +159,9 @@ def test_posterior_files_of_another_format_version_are_refused(task, tmp_path, v
     _random_flow_posterior(task, amortized=True).save(path)
     payload = load_sealed(path, "posterior")
     write({**payload, "version": version}, path)  # version 1 files carried no checksum
-    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}.*format version {version}.*reads version 2"):
+    with pytest.raises(
+        ValueError, match=rf"{re.escape(str(path))}.*format version {version}.*reads version 2"
+    ):
         load_posterior(path)
 
 
@@ -164,11 +179,21 @@ def test_draws_that_are_not_finite_are_never_returned(task, monkeypatch):
     post = _random_flow_posterior(task, amortized=True)
     shift = next(value for key, value in post.flow.state_dict().items() if key.endswith("_shift"))
     shift[0] = math.nan  # the flow's output shift (its z-scoring): every draw gets a NaN coordinate
-    with pytest.raises(RuntimeError, match="SPPE posterior of task 'conjugate_gaussian': 5 of 5 draws are NaN/inf"):
+    with pytest.raises(
+        RuntimeError, match="SPPE posterior of task 'conjugate_gaussian': 5 of 5 draws are NaN/inf"
+    ):
         post.sample((5,), seed=0)
-    likelihood = _random_flow_posterior(task, LikelihoodPosterior, mcmc=dict(num_chains=2, warmup=0, init_candidates=10))
-    monkeypatch.setattr(posterior_module, "slice_sample", lambda *args: torch.tensor([[0.0, 0.0], [math.inf, 0.0], [0.0, 1.0]]))
-    with pytest.raises(RuntimeError, match="SPPE posterior of task 'conjugate_gaussian': 1 of 3 draws are NaN/inf"):
+    likelihood = _random_flow_posterior(
+        task, LikelihoodPosterior, mcmc=dict(num_chains=2, warmup=0, init_candidates=10)
+    )
+    monkeypatch.setattr(
+        posterior_module,
+        "slice_sample",
+        lambda *args: torch.tensor([[0.0, 0.0], [math.inf, 0.0], [0.0, 1.0]]),
+    )
+    with pytest.raises(
+        RuntimeError, match="SPPE posterior of task 'conjugate_gaussian': 1 of 3 draws are NaN/inf"
+    ):
         likelihood.sample((3,), seed=0)
 
 
@@ -181,7 +206,9 @@ def test_a_posterior_file_is_refused_for_another_model(tmp_path):
     post.save(path)
     with pytest.raises(ValueError, match=re.escape(str(path))) as refused:
         load_posterior(path, task=dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0))
-    assert "epsilon: 1.0 vs 10.0" in str(refused.value) and "mechanism.epsilon: 1.0 vs 10.0" in str(refused.value)
+    assert "epsilon: 1.0 vs 10.0" in str(refused.value) and "mechanism.epsilon: 1.0 vs 10.0" in str(
+        refused.value
+    )
     assert "mechanism.sigma" in str(refused.value)
     laplace = dataclasses.replace(at_1, mechanism=Laplace(1.0, 1.0, dim=2), spec=None)
     with pytest.raises(ValueError, match="mechanism.type: 'Gaussian' vs 'Laplace'"):
@@ -194,7 +221,9 @@ def test_a_changed_registered_task_definition_is_caught(task, tmp_path, monkeypa
     path = tmp_path / "p.pt"
     _random_flow_posterior(task, amortized=True).save(path)
     make = dpsbi.tasks._REGISTRY["conjugate_gaussian"]
-    monkeypatch.setitem(dpsbi.tasks._REGISTRY, "conjugate_gaussian", lambda **kwargs: make(**kwargs, sensitivity=2.0))
+    monkeypatch.setitem(
+        dpsbi.tasks._REGISTRY, "conjugate_gaussian", lambda **kwargs: make(**kwargs, sensitivity=2.0)
+    )
     with pytest.raises(ValueError, match=r"mechanism.sensitivity: 1.0 vs 2.0"):
         load_posterior(path)
 
@@ -219,7 +248,11 @@ def test_sampling_and_densities_in_chunks_match_one_call(task, monkeypatch, cls)
     (up to float32 round-off: matrix products round differently with the number of rows)."""
     post = _random_flow_posterior(task, cls, **({"amortized": True} if cls is FlowPosterior else {}))
     theta = torch.randn(5, 10, 2, generator=torch.Generator().manual_seed(1))
-    whole = (post.sample((5, 10), seed=3), post.sample_batched((5, 4), RELEASES, seed=3)) if cls is FlowPosterior else None
+    whole = (
+        (post.sample((5, 10), seed=3), post.sample_batched((5, 4), RELEASES, seed=3))
+        if cls is FlowPosterior
+        else None
+    )
     whole_log_prob = post.log_prob(theta), post.log_prob_batched(theta[:, :3], RELEASES)
     sizes = _flow_batch_sizes(post.flow, monkeypatch)
     monkeypatch.setattr(posterior_module, "CHUNK_ROWS", 7)
@@ -227,7 +260,9 @@ def test_sampling_and_densities_in_chunks_match_one_call(task, monkeypatch, cls)
         assert torch.allclose(post.sample((5, 10), seed=3), whole[0], rtol=1e-5, atol=1e-5)
         assert torch.allclose(post.sample_batched((5, 4), RELEASES, seed=3), whole[1], rtol=1e-5, atol=1e-5)
     assert torch.allclose(post.log_prob(theta), whole_log_prob[0], rtol=1e-5, atol=1e-5)
-    assert torch.allclose(post.log_prob_batched(theta[:, :3], RELEASES), whole_log_prob[1], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(
+        post.log_prob_batched(theta[:, :3], RELEASES), whole_log_prob[1], rtol=1e-5, atol=1e-5
+    )
     assert sizes and max(sizes) <= 7
 
 
@@ -247,13 +282,17 @@ def test_releases_of_the_wrong_shape_are_refused(posteriors, kind):
 def test_releases_outside_the_mechanism_support_are_refused():
     """The binomial curve mechanism releases multiples of 1/N in [0, 1]."""
     task = dpsbi.tasks.load("sir", epsilon=10.0)
-    post = FlowPosterior(task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 2, 10), "SPPE", amortized=True)
+    post = FlowPosterior(
+        task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 2, 10), "SPPE", amortized=True
+    )
     with pytest.raises(ValueError, match="outside the support"):
         post.sample((2,), y=torch.full((1, 10), 0.0015))
     with pytest.raises(ValueError, match="outside the support"):
         post.sample((2,), y=torch.full((1, 10), 1.5))
     assert post.sample((2,), y=task.y_obs, seed=0).shape == (2, 2)
-    likelihood = LikelihoodPosterior(task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 10, 2), "SPLE")
+    likelihood = LikelihoodPosterior(
+        task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 10, 2), "SPLE"
+    )
     assert likelihood.log_prob(task.prior.mean.expand(3, 2)).shape == (3,)  # at task.y_obs
     with pytest.raises(ValueError, match="outside the support"):
         likelihood.log_prob(task.prior.mean.expand(3, 2), y=torch.full((1, 10), 0.0015))
@@ -278,7 +317,9 @@ def test_set_default_x_is_validated_used_and_saved(task, tmp_path):
         post.set_default_x(torch.tensor([math.nan, 0.0]))
     post.save(tmp_path / "p.pt")
     loaded = load_posterior(tmp_path / "p.pt")
-    assert torch.equal(loaded.default_x, y) and torch.equal(loaded.sample((5,), seed=0), post.sample((5,), seed=0))
+    assert torch.equal(loaded.default_x, y) and torch.equal(
+        loaded.sample((5,), seed=0), post.sample((5,), seed=0)
+    )
 
 
 def test_without_any_release_the_posterior_asks_for_one(task):
@@ -298,11 +339,18 @@ def test_sample_batched_is_one_flow_call_with_the_draws_of_sample(task, monkeypa
     draws = post.sample_batched((n,), RELEASES, seed=0)
     assert draws.shape == (n, 3, 2) and sizes == [3 * n]
     assert post.sample_batched((2, 5), RELEASES, seed=0).shape == (2, 5, 3, 2)
-    assert torch.equal(post.sample_batched((7,), RELEASES[:1], seed=1)[:, 0], post.sample((7,), y=RELEASES[:1], seed=1))
+    assert torch.equal(
+        post.sample_batched((7,), RELEASES[:1], seed=1)[:, 0], post.sample((7,), y=RELEASES[:1], seed=1)
+    )
     for b in range(3):
         single = post.sample((n,), y=RELEASES[b : b + 1], seed=10 + b)
         se = ((draws[:, b].var(0) + single.var(0)) / n).sqrt()
-        assert ((draws[:, b].mean(0) - single.mean(0)).abs() < 4 * se).all(), (b, draws[:, b].mean(0), single.mean(0), se)
+        assert ((draws[:, b].mean(0) - single.mean(0)).abs() < 4 * se).all(), (
+            b,
+            draws[:, b].mean(0),
+            single.mean(0),
+            se,
+        )
     same = post.sample_batched((10,), RELEASES[[0, 0]], seed=2)
     assert not torch.allclose(same[:, 0], same[:, 1])
 
@@ -311,7 +359,9 @@ def test_sample_batched_of_a_likelihood_posterior_runs_one_chain_set_per_release
     post = posteriors["sple"]
     draws = post.sample_batched((20,), RELEASES[:2], seed=0)
     assert draws.shape == (20, 2, 2) and torch.isfinite(draws).all()
-    assert torch.equal(post.sample_batched((20,), RELEASES[:1], seed=3)[:, 0], post.sample((20,), y=RELEASES[:1], seed=3))
+    assert torch.equal(
+        post.sample_batched((20,), RELEASES[:1], seed=3)[:, 0], post.sample((20,), y=RELEASES[:1], seed=3)
+    )
 
 
 @pytest.mark.parametrize("kind", ["sppe", "sple"])
@@ -343,7 +393,9 @@ def test_map_finds_the_trained_posteriors_own_mode(posteriors, task, kind):
     mode = post.map(num_init=200, num_to_optimize=10, steps=100, lr=0.05, seed=0)
     exact = task.exact_posterior(task.y_obs)
     axis = torch.linspace(-4.0, 4.0, 161) * float(exact.covariance_matrix[0, 0].sqrt())
-    grid = torch.stack(torch.meshgrid(exact.mean[0] + axis, exact.mean[1] + axis, indexing="ij"), -1).reshape(-1, 2)
+    grid = torch.stack(torch.meshgrid(exact.mean[0] + axis, exact.mean[1] + axis, indexing="ij"), -1).reshape(
+        -1, 2
+    )
     values = post.log_prob(grid)
     assert mode.shape == (2,)
     assert (mode - grid[values.argmax()]).norm() < 2 * float(axis[1] - axis[0])

@@ -8,14 +8,20 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 import dpsbi
 from dpsbi.inference.losses import sppe_loss
 from dpsbi.inference.training import Batches, NonFiniteLossError
 from dpsbi.mechanisms import Gaussian, Laplace
-from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
-TINY = dict(sims_per_round=60, inner_samples=2, flow=dict(transforms=1, hidden=8), training=dict(max_epochs=1), progress=False)
+TINY = dict(
+    sims_per_round=60,
+    inner_samples=2,
+    flow=dict(transforms=1, hidden=8),
+    training=dict(max_epochs=1),
+    progress=False,
+)
 
 
 def _task(**kwargs):
@@ -40,11 +46,25 @@ def test_a_checkpoint_resumes_with_the_same_task(checkpoint):
 @pytest.mark.parametrize(
     "change, match",
     [
-        (lambda t: dataclasses.replace(t, simulator=lambda th, g=None: t.simulator(th, g) + 0.5), "another simulator"),
+        (
+            lambda t: dataclasses.replace(t, simulator=lambda th, g=None: t.simulator(th, g) + 0.5),
+            "another simulator",
+        ),
         (lambda t: dataclasses.replace(t, simulator=_task(noise_sd=2.0).simulator), "another simulator"),
-        (lambda t: dataclasses.replace(t, prior=torch.distributions.Independent(torch.distributions.Normal(torch.zeros(2), 2 * torch.ones(2)), 1)), "prior"),
+        (
+            lambda t: dataclasses.replace(
+                t,
+                prior=torch.distributions.Independent(
+                    torch.distributions.Normal(torch.zeros(2), 2 * torch.ones(2)), 1
+                ),
+            ),
+            "prior",
+        ),
         (lambda t: dataclasses.replace(t, mechanism=Gaussian(5.0, 1e-5, 1.0, dim=2), epsilon=5.0), "epsilon"),
-        (lambda t: dataclasses.replace(t, mechanism=Laplace(10.0, 1.0, dim=2)), "mechanism.type: 'Gaussian' vs 'Laplace'"),
+        (
+            lambda t: dataclasses.replace(t, mechanism=Laplace(10.0, 1.0, dim=2)),
+            "mechanism.type: 'Gaussian' vs 'Laplace'",
+        ),
         (lambda t: dataclasses.replace(t, y_obs=t.y_obs + 1), "y_obs"),
     ],
     ids=["simulator-shift", "simulator-noise", "prior", "epsilon", "mechanism", "release"],
@@ -120,8 +140,12 @@ def test_numpy_float64_simulators_train_sppe_and_sple():
 
 
 def test_a_non_finite_loss_is_an_error_naming_the_round():
-    task = dataclasses.replace(_task(), simulator=lambda th, g=None: torch.where(th[:, :1] > 1.5, math.inf, 0.0) + th)
-    task.simulate = lambda theta, generator=None: task.simulator(theta, generator)  # skip the finiteness check
+    task = dataclasses.replace(
+        _task(), simulator=lambda th, g=None: torch.where(th[:, :1] > 1.5, math.inf, 0.0) + th
+    )
+    task.simulate = lambda theta, generator=None: task.simulator(
+        theta, generator
+    )  # skip the finiteness check
     with pytest.raises(NonFiniteLossError, match="SPPE round 0, epoch 0: the training loss at step"):
         dpsbi.SPPE(task, rounds=1, **TINY).run()
 
@@ -149,7 +173,10 @@ def test_the_atomic_loss_keeps_its_atoms_in_the_last_batch():
     s = task.simulate(theta)
     flow = dpsbi.inference.ConditionalFlow(dpsbi.inference.FlowConfig(transforms=1, hidden=8), theta, s)
     data = torch.utils.data.TensorDataset(theta, s, task.prior.log_prob(theta))
-    losses = [float(sppe_loss(flow, z, ss, task.mechanism, 2, True, None, atoms=10, log_prior=lp)) for z, ss, lp in _loader(data, 50)]
+    losses = [
+        float(sppe_loss(flow, z, ss, task.mechanism, 2, True, None, atoms=10, log_prior=lp))
+        for z, ss, lp in _loader(data, 50)
+    ]
     assert len(losses) == 2 and min(losses) > 0.5
 
 
@@ -169,7 +196,9 @@ def test_appended_simulations_train_a_task_without_a_simulator(tmp_path):
         posterior = estimator.run()
     assert estimator.num_simulations == 120 and len(estimator.history) == 2
     assert torch.isfinite(posterior.sample((10,), seed=0)).all()
-    rerun = dpsbi.SPPE(task, rounds=2, atoms=3, checkpoint_dir=tmp_path, **TINY).append_simulations(theta, _external(theta, 1))
+    rerun = dpsbi.SPPE(task, rounds=2, atoms=3, checkpoint_dir=tmp_path, **TINY).append_simulations(
+        theta, _external(theta, 1)
+    )
     rerun.run()  # the same script run again: the checkpoint already holds these simulations
     assert rerun.num_simulations == 120 and len(rerun.history) == 2
 
@@ -179,7 +208,9 @@ def test_a_task_without_a_simulator_needs_appended_simulations():
         dpsbi.SPPE(dataclasses.replace(_task(), simulator=None), rounds=1, **TINY).run()
 
 
-@pytest.mark.parametrize("s, match", [(np.zeros((60, 3)), r"shape \(60, 3\)"), (np.full((60, 2), np.nan), "NaN")])
+@pytest.mark.parametrize(
+    "s, match", [(np.zeros((60, 3)), r"shape \(60, 3\)"), (np.full((60, 2), np.nan), "NaN")]
+)
 def test_bad_appended_summaries_are_refused(s, match):
     task = _task()
     with pytest.raises(RuntimeError, match=match):

@@ -39,7 +39,9 @@ def mixture(x):
 
 
 M_MEAN = (M_WEIGHTS[:, None] * M_MEANS).sum(0)
-M_COV = M_SD**2 * torch.eye(2, dtype=D) + torch.einsum("k,ki,kj->ij", M_WEIGHTS, M_MEANS - M_MEAN, M_MEANS - M_MEAN)
+M_COV = M_SD**2 * torch.eye(2, dtype=D) + torch.einsum(
+    "k,ki,kj->ij", M_WEIGHTS, M_MEANS - M_MEAN, M_MEANS - M_MEAN
+)
 
 TARGETS = {
     "gaussian": (GAUSSIAN.log_prob, G_MEAN, G_COV),
@@ -79,7 +81,15 @@ def test_moments_match_the_exact_target_within_four_monte_carlo_errors(name):
     log_density, mean, cov = TARGETS[name]
     init, width = start(log_density, len(mean), 100, seed=1)
     info = {}
-    draws = slice_sample(log_density, init, 15_000, MCMCConfig(num_chains=100, warmup=100, thin=1), seed=2, width=width, info=info)
+    draws = slice_sample(
+        log_density,
+        init,
+        15_000,
+        MCMCConfig(num_chains=100, warmup=100, thin=1),
+        seed=2,
+        width=width,
+        info=info,
+    )
     assert draws.shape == (15_000, len(mean)) and draws.dtype == D
     assert torch.equal(draws, info["draws"].reshape(-1, len(mean)))  # interleaved: row i from chain i % 100
     scores = z_scores(info["draws"], mean, cov)
@@ -131,7 +141,10 @@ def test_effective_sample_size_of_independent_and_autocorrelated_chains():
     generator = torch.Generator().manual_seed(0)
     noise = torch.randn(400, 50, generator=generator, dtype=D)
     assert abs(float(effective_sample_size(noise)) / noise.numel() - 1) < 0.15
-    rho, ar = 0.8, torch.empty_like(noise)  # AR(1) chains started at stationarity: ESS = n (1 - rho) / (1 + rho)
+    rho, ar = (
+        0.8,
+        torch.empty_like(noise),
+    )  # AR(1) chains started at stationarity: ESS = n (1 - rho) / (1 + rho)
     ar[0] = noise[0]
     for t in range(1, len(noise)):
         ar[t] = rho * ar[t - 1] + math.sqrt(1 - rho**2) * noise[t]
@@ -143,8 +156,16 @@ def test_effective_sample_size_of_independent_and_autocorrelated_chains():
 
 
 def test_settings_of_older_posterior_files_still_load_and_sample_with_sbi():
-    legacy = MCMCConfig.coerce({"method": "slice_np_vectorized", "num_chains": 100, "thin": 2, "warmup": 50, "init_candidates": 1000})
-    assert legacy.to_dict() == {"method": "slice_np_vectorized", "num_chains": 100, "thin": 2, "warmup": 50, "init_candidates": 1000}
+    legacy = MCMCConfig.coerce(
+        {"method": "slice_np_vectorized", "num_chains": 100, "thin": 2, "warmup": 50, "init_candidates": 1000}
+    )
+    assert legacy.to_dict() == {
+        "method": "slice_np_vectorized",
+        "num_chains": 100,
+        "thin": 2,
+        "warmup": 50,
+        "init_candidates": 1000,
+    }
     assert MCMCConfig().method == "elliptical_slice"
     init, width = start(GAUSSIAN.log_prob, 3, 10, seed=8)
     config = MCMCConfig(method="slice_np_vectorized", num_chains=10, warmup=5)
@@ -161,7 +182,9 @@ def test_chains_run_on_the_device_of_their_start():
     init, width = start(GAUSSIAN.log_prob, 3, 500, seed=10)
     info = {}
     target = torch.distributions.MultivariateNormal(G_MEAN.cuda(), G_COV.cuda())
-    draws = slice_sample(target.log_prob, init.cuda(), 2000, MCMCConfig(), seed=11, width=width.cuda(), info=info)
+    draws = slice_sample(
+        target.log_prob, init.cuda(), 2000, MCMCConfig(), seed=11, width=width.cuda(), info=info
+    )
     assert draws.device.type == "cuda"
     scores = z_scores(info["draws"].cpu(), G_MEAN, G_COV)
     assert max(abs(v) for v in scores.values()) <= TOLERANCE, scores
@@ -169,7 +192,15 @@ def test_chains_run_on_the_device_of_their_start():
 
 def test_sple_matches_the_exact_private_posterior_in_one_round():
     task = dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0, noise_sd=0.3)
-    posterior = dpsbi.SPLE(task, rounds=1, sims_per_round=400, inner_samples=8, flow=dict(transforms=2, hidden=32), training=dict(max_epochs=30, patience=5), progress=False).run()
+    posterior = dpsbi.SPLE(
+        task,
+        rounds=1,
+        sims_per_round=400,
+        inner_samples=8,
+        flow=dict(transforms=2, hidden=32),
+        training=dict(max_epochs=30, patience=5),
+        progress=False,
+    ).run()
     torch.manual_seed(0)
     exact = task.exact_posterior(task.y_obs).sample((1000,))
     assert c2st(posterior.sample((1000,), seed=0), exact) <= 0.6

@@ -111,7 +111,10 @@ def test_binomial_log_likelihood_ratio_bounded_by_epsilon():
 def test_randomized_response_log_likelihood_ratio_bounded_by_epsilon():
     mech = RandomizedResponse(epsilon=1.3, dim=2)
     outcomes = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
-    llr = (mech.log_prob(outcomes, torch.tensor([[0.0, 1.0]])) - mech.log_prob(outcomes, torch.tensor([[1.0, 1.0]]))).abs()
+    llr = (
+        mech.log_prob(outcomes, torch.tensor([[0.0, 1.0]]))
+        - mech.log_prob(outcomes, torch.tensor([[1.0, 1.0]]))
+    ).abs()
     assert llr.max().item() == pytest.approx(1.3)
 
 
@@ -122,7 +125,9 @@ def test_gaussian_calibrations():
     assert classic.sigma == pytest.approx(1.5 * math.sqrt(2 * math.log(1.25e5)) / 0.5)
     assert Gaussian(0.5, 1e-5, 1.5).sigma < classic.sigma  # the exact calibration needs less noise
     gdp = Gaussian.gdp(mu=0.5, sensitivity=2.0, delta=1e-6)
-    assert gdp.sigma == pytest.approx(4.0) and analytic_delta(0.5, gdp.epsilon) == pytest.approx(1e-6, rel=1e-6)
+    assert gdp.sigma == pytest.approx(4.0) and analytic_delta(0.5, gdp.epsilon) == pytest.approx(
+        1e-6, rel=1e-6
+    )
     with pytest.raises(ValueError, match="epsilon < 1"):
         Gaussian(2.0, 1e-5, 1.0, calibration="classic")
 
@@ -136,8 +141,16 @@ def test_inverse_cdf_is_deterministic_and_broadcasts():
     assert torch.isfinite(mech.sample(s, torch.zeros(5, 8, 2))).all()  # u = 0 is clamped into (0, 1)
 
 
-@pytest.mark.parametrize("make", [lambda: Laplace(0.0, 1.0), lambda: Laplace(-1.0, 1.0), lambda: Laplace(1.0, 0.0),
-                                  lambda: RandomizedResponse(float("nan")), lambda: Gaussian(1.0, 0.0, 1.0)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Laplace(0.0, 1.0),
+        lambda: Laplace(-1.0, 1.0),
+        lambda: Laplace(1.0, 0.0),
+        lambda: RandomizedResponse(float("nan")),
+        lambda: Gaussian(1.0, 0.0, 1.0),
+    ],
+)
 def test_bad_privacy_parameters_raise(make):
     with pytest.raises(ValueError):
         make()

@@ -14,7 +14,9 @@ from dpsbi import metrics
 
 def test_kde_matches_scipy():
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(500, 3, generator=g, dtype=torch.float64) * torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    x = torch.randn(500, 3, generator=g, dtype=torch.float64) * torch.tensor(
+        [1.0, 2.0, 0.5], dtype=torch.float64
+    )
     points = torch.randn(7, 3, generator=g, dtype=torch.float64)
     expected = st.gaussian_kde(x.numpy().T).logpdf(points.numpy().T)
     assert torch.allclose(metrics.kde_log_prob(x, points), torch.from_numpy(expected), rtol=0, atol=1e-10)
@@ -25,7 +27,9 @@ def _smoothed_gaussian_nlog(z: torch.Tensor, point: torch.Tensor) -> tuple[float
     and the Monte Carlo standard error of the KDE's log density (relative sd of the mean kernel value)."""
     n, d = z.shape
     h2 = n ** (-2.0 / (d + 4))
-    expected = -st.multivariate_normal(torch.zeros(d).numpy(), (1 + h2) * torch.eye(d).numpy()).logpdf(point.numpy())
+    expected = -st.multivariate_normal(torch.zeros(d).numpy(), (1 + h2) * torch.eye(d).numpy()).logpdf(
+        point.numpy()
+    )
     cov = torch.atleast_2d(torch.cov(z.T)) * h2
     kernel = torch.distributions.MultivariateNormal(point, cov).log_prob(z).exp()
     return float(expected), float(kernel.std() / (kernel.mean() * math.sqrt(n)))
@@ -112,7 +116,9 @@ def conjugate():
 
 
 def test_calibration_accepts_the_exact_posterior(conjugate):
-    result = metrics.calibration(_ScaledExact(conjugate, 1.0), conjugate, num_runs=200, num_posterior_samples=500, progress=False)
+    result = metrics.calibration(
+        _ScaledExact(conjugate, 1.0), conjugate, num_runs=200, num_posterior_samples=500, progress=False
+    )
     # Under calibration the KS p-values are uniform: with a fixed seed each is below 1e-3 with probability 1e-3.
     assert min(result["sbc_ks_pvalues"]) > 1e-3
     assert result["tarp_ks_pvalue"] > 1e-3
@@ -120,7 +126,9 @@ def test_calibration_accepts_the_exact_posterior(conjugate):
 
 @pytest.mark.parametrize("width, sign", [(0.5, -1), (2.0, 1)])
 def test_calibration_rejects_too_narrow_and_too_wide(conjugate, width, sign):
-    result = metrics.calibration(_ScaledExact(conjugate, width), conjugate, num_runs=200, num_posterior_samples=500, progress=False)
+    result = metrics.calibration(
+        _ScaledExact(conjugate, width), conjugate, num_runs=200, num_posterior_samples=500, progress=False
+    )
     assert min(result["sbc_ks_pvalues"]) < 1e-4
     assert sign * result["tarp_atc"] > 0.05  # TARP: below the diagonal when too narrow, above when too wide
 
@@ -140,8 +148,16 @@ def test_calibration_of_a_flow_posterior_costs_one_flow_call(conjugate, monkeypa
     post = FlowPosterior(conjugate, flow, "SPPE", amortized=True)
     rows = []
     sample = flow.sample
-    monkeypatch.setattr(flow, "sample", lambda noise, context: rows.append(noise.shape[:-1].numel()) or sample(noise, context))
+    monkeypatch.setattr(
+        flow, "sample", lambda noise, context: rows.append(noise.shape[:-1].numel()) or sample(noise, context)
+    )
     result = metrics.calibration(post, conjugate, num_runs=50, num_posterior_samples=100, progress=False)
     assert rows == [50 * 100]
-    assert len(result["sbc_ks_pvalues"]) == 2 and math.isfinite(result["tarp_atc"]) and 0 <= result["tarp_ks_pvalue"] <= 1
-    assert metrics.calibration(post, conjugate, num_runs=50, num_posterior_samples=100, progress=False) == result
+    assert (
+        len(result["sbc_ks_pvalues"]) == 2
+        and math.isfinite(result["tarp_atc"])
+        and 0 <= result["tarp_ks_pvalue"] <= 1
+    )
+    assert (
+        metrics.calibration(post, conjugate, num_runs=50, num_posterior_samples=100, progress=False) == result
+    )

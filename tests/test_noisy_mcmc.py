@@ -47,7 +47,11 @@ def assert_matches_exact(result, exact, seed: int = 0) -> None:
     mean, sd = float(exact.mean.reshape(-1)[0]), float(exact.stddev.reshape(-1)[0])
     kurtosis = float(((reference - mean) ** 4).mean() / sd**4)
     assert abs(float(draws.mean()) - mean) < 4 * sd / math.sqrt(n_eff), (float(draws.mean()), mean, iat)
-    assert abs(float(draws.std()) - sd) < 4 * sd * math.sqrt((kurtosis - 1) / (4 * n_eff)), (float(draws.std()), sd, iat)
+    assert abs(float(draws.std()) - sd) < 4 * sd * math.sqrt((kurtosis - 1) / (4 * n_eff)), (
+        float(draws.std()),
+        sd,
+        iat,
+    )
     thinned = result.info["chains"][:, :: math.ceil(2 * iat), 0].reshape(-1)
     assert ks_2samp(thinned.numpy(), reference.numpy()).pvalue > 1e-3
 
@@ -80,7 +84,9 @@ def test_iat_of_ar1_chains_matches_closed_form():
 def _brute_median(v: list, beta: float, upper: float) -> float:
     n, s = len(v), [0.0] + sorted(v) + [upper]
     m, at = (n + 1) // 2, lambda i: s[min(max(i, 0), n + 1)]
-    return max(math.exp(-k * beta) * max(at(m + t) - at(m + t - k - 1) for t in range(k + 2)) for k in range(n + 1))
+    return max(
+        math.exp(-k * beta) * max(at(m + t) - at(m + t - k - 1) for t in range(k + 2)) for k in range(n + 1)
+    )
 
 
 def _brute_max(v: list, beta: float, upper: float) -> float:
@@ -127,11 +133,18 @@ def test_smooth_sensitivity_laplace_mechanism():
 def test_normal_variance_variants_and_errors():
     laplace = load("normal_variance", power=2, epsilon=1.0)
     assert laplace.mechanism.scale == pytest.approx(100 / 100)  # A^a / (n eps)
-    assert isinstance(laplace.summary_model, GaussianCLT) and laplace.prior.support.check(torch.tensor([99.0])).all()
+    assert (
+        isinstance(laplace.summary_model, GaussianCLT)
+        and laplace.prior.support.check(torch.tensor([99.0])).all()
+    )
     gauss = load("normal_variance", power=1, noise="gaussian", epsilon=2.0)
     assert gauss.mechanism.sigma == pytest.approx(10 / (100 * 2))
     seq = load("normal_variance", release="sequential")
-    assert seq.y_obs.shape == (1, 100) and seq.mechanism.scale == pytest.approx(10 / 5) and seq.record_model.sequential
+    assert (
+        seq.y_obs.shape == (1, 100)
+        and seq.mechanism.scale == pytest.approx(10 / 5)
+        and seq.record_model.sequential
+    )
     for statistic in ("median", "max"):
         task = load("normal_variance", statistic=statistic)
         assert task.mechanism.delta == pytest.approx(1e-4) and task.summary_model is None
@@ -164,7 +177,9 @@ def test_binary_exact_posterior_matches_quadrature(mechanism):
     else:
         j = torch.arange(n + 1.0)
         binom = torch.distributions.Binomial(n, probs=theta).log_prob(j)
-        log_lik = torch.logsumexp(binom + torch.distributions.Normal(j / n, 1 / n).log_prob(y), -1, keepdim=True)
+        log_lik = torch.logsumexp(
+            binom + torch.distributions.Normal(j / n, 1 / n).log_prob(y), -1, keepdim=True
+        )
     w = torch.softmax(log_lik[:, 0], 0)
     mean = (w * theta[:, 0]).sum()
     sd = ((w * (theta[:, 0] - mean) ** 2).sum()).sqrt()
@@ -186,7 +201,17 @@ def test_pmmh_matches_exact_poisson_posterior():
 
 def test_mhaar_summary_mode_matches_exact_poisson_posterior():
     task = load("poisson_counts", epsilon=0.2)
-    result = mhaar(task, 1200, 4, 0.3, theta0=[30.0], model=PoissonCount(), num_chains=16, generator=GEN(4), progress=False)
+    result = mhaar(
+        task,
+        1200,
+        4,
+        0.3,
+        theta0=[30.0],
+        model=PoissonCount(),
+        num_chains=16,
+        generator=GEN(4),
+        progress=False,
+    )
     assert result.info["mode"] == "summary" and result.info["num_particles"] == 4
     assert_matches_exact(result, task.exact_posterior(task.y_obs))
 
@@ -195,7 +220,15 @@ def test_mhaar_summary_mode_matches_exact_poisson_posterior():
 def test_mhaar_records_mode_matches_exact_binary_posterior(subset_size):
     task = load("binary_responses", mechanism="noisy_mean", epsilon=1.0)
     result = mhaar(
-        task, 1200, 4, 0.3, theta0=[0.3], mode="records", subset_size=subset_size, num_chains=16, generator=GEN(5),
+        task,
+        1200,
+        4,
+        0.3,
+        theta0=[0.3],
+        mode="records",
+        subset_size=subset_size,
+        num_chains=16,
+        generator=GEN(5),
         progress=False,
     )
     assert result.info["mode"] == "records" and result.info["subset_size"] == subset_size
@@ -214,7 +247,9 @@ def test_mh_clt_matches_quadrature_of_the_clt_posterior():
     result = mh_clt(task, 1500, 0.15, theta0=[2.0], num_chains=16, generator=GEN(7), progress=False)
     theta = torch.linspace(1e-4, 8.0, 40001)
     mean, cov = task.summary_model.mean_cov(theta[:, None])
-    log_post = torch.distributions.Normal(mean[:, 0], (cov[:, 0, 0] + task.mechanism.sigma**2).sqrt()).log_prob(task.y_obs[0, 0])
+    log_post = torch.distributions.Normal(
+        mean[:, 0], (cov[:, 0, 0] + task.mechanism.sigma**2).sqrt()
+    ).log_prob(task.y_obs[0, 0])
     w = torch.softmax(log_post, 0)
     grid_mean = (w * theta).sum()
     grid_sd = (w * (theta - grid_mean) ** 2).sum().sqrt()
@@ -250,7 +285,9 @@ def test_clt_fisher_information_matches_closed_forms():
     binary = load("binary_responses", mechanism="noisy_mean", epsilon=1.0)
     model = GaussianCLT(lambda t: (t, (t * (1 - t))[..., None]), 100)
     f3 = clt_fisher_information(model, binary.mechanism, theta)
-    assert float(f3.information) == pytest.approx(float(fisher_information_formula(theta, 1.0, 100, "noisy_mean")))
+    assert float(f3.information) == pytest.approx(
+        float(fisher_information_formula(theta, 1.0, 100, "noisy_mean"))
+    )
     # Ex. 2 with a = 1: mu = sqrt(2 theta / pi), Sigma = theta (1 - 2 / pi), H = Sigma / n + sigma^2.
     task = load("normal_variance", power=1, noise="gaussian", epsilon=1.0)
     t, n, sigma2 = 2.0, 100, task.mechanism.sigma**2
@@ -263,8 +300,12 @@ def test_clt_fisher_information_matches_closed_forms():
 def test_fisher_alg1_matches_closed_form_for_gaussian_summary_and_noise():
     task = load("normal_variance", power=2, noise="gaussian", epsilon=1.0)
     exact = float(clt_fisher_information(task.summary_model, task.mechanism, torch.tensor([2.0])).information)
-    estimate = fisher_summary_is(task.summary_model, task.mechanism, torch.tensor([2.0]), 4000, 256, generator=GEN(9))
-    assert estimate.method == "summary" and abs(float(estimate.information) - exact) < 4 * float(estimate.stderr)
+    estimate = fisher_summary_is(
+        task.summary_model, task.mechanism, torch.tensor([2.0]), 4000, 256, generator=GEN(9)
+    )
+    assert estimate.method == "summary" and abs(float(estimate.information) - exact) < 4 * float(
+        estimate.stderr
+    )
 
 
 @dataclasses.dataclass
@@ -291,14 +332,18 @@ class NormalMeanRecords(ReparameterizedRecords):
 
 def test_fisher_alg2_matches_closed_form_for_normal_mean():
     mechanism = Gaussian.gdp(10.0, 1.0)  # sigma = 0.1
-    estimate = fisher_records_is(NormalMeanRecords(), mechanism, torch.tensor([0.5]), 2000, 128, generator=GEN(10))
+    estimate = fisher_records_is(
+        NormalMeanRecords(), mechanism, torch.tensor([0.5]), 2000, 128, generator=GEN(10)
+    )
     exact = 1 / (1 / 20 + 0.01)
     assert abs(float(estimate.information) - exact) < 4 * float(estimate.stderr), (estimate, exact)
 
 
 def test_fisher_alg3_matches_randomized_response_closed_form():
     task = load("binary_responses", mechanism="randomized_response", epsilon=1.0)
-    estimate = fisher_sequential_is(task.record_model, task.mechanism, torch.tensor([0.25]), 4000, 256, generator=GEN(11))
+    estimate = fisher_sequential_is(
+        task.record_model, task.mechanism, torch.tensor([0.25]), 4000, 256, generator=GEN(11)
+    )
     exact = float(fisher_information_formula(torch.tensor(0.25), 1.0, 100, "randomized_response"))
     assert abs(float(estimate.information) - exact) < 4 * float(estimate.stderr), (estimate, exact)
     assert fisher_information(task, num_releases=8, num_inner=8).method == "sequential"
@@ -307,7 +352,8 @@ def test_fisher_alg3_matches_randomized_response_closed_form():
 def test_rank_statistics_follows_the_privacy_level():
     """Ex. 2 / Sec. 5.1: |x| is the better statistic for the normal variance under privacy, x^2 without."""
     candidates = {
-        f"|x|^{a}": (lambda e, a=a: load("normal_variance", epsilon=e, power=a, noise="gaussian")) for a in (1, 2)
+        f"|x|^{a}": (lambda e, a=a: load("normal_variance", epsilon=e, power=a, noise="gaussian"))
+        for a in (1, 2)
     }
     assert [name for name, _ in rank_statistics(candidates, 1.0)] == ["|x|^1", "|x|^2"]
     assert [name for name, _ in rank_statistics(candidates, 100.0)] == ["|x|^2", "|x|^1"]

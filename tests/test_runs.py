@@ -14,16 +14,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_experiments import config, hydra_configs  # noqa: F401  (autouse fixture: Hydra initialised for the module)
 
 import dpsbi
 from dpsbi.experiment import ConfigError, methods, reference, run_experiment, runner
 from dpsbi.experiment.outputs import read_rows
 from dpsbi.files import exclusive
-from test_experiments import config, hydra_configs  # noqa: F401  (autouse fixture: Hydra initialised for the module)
 
 #: The smallest budgets: a closed-form reference (nothing to simulate for it) and cheap metrics.
-QUICK = ["task=conjugate_gaussian", "companions=[]", "progress=false", "plots=false", "trainer=cpu", "evaluation.num_samples=200",
-         "evaluation.metrics=[mmd,nlog,lmd]", "evaluation.lmd_draws=50"]
+QUICK = [
+    "task=conjugate_gaussian",
+    "companions=[]",
+    "progress=false",
+    "plots=false",
+    "trainer=cpu",
+    "evaluation.num_samples=200",
+    "evaluation.metrics=[mmd,nlog,lmd]",
+    "evaluation.lmd_draws=50",
+]
 FLOW = "{transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}"
 REJECTION = ["method=rejection_abc", "method.num_samples=200"]
 
@@ -56,14 +64,22 @@ def _cli(*args: str, cwd: Path, output=subprocess.PIPE, program: str | None = No
     """``dpsbi-run args`` (or ``python -c program args``) started in ``cwd`` with the reference cache in
     ``cwd/cache``; stdout and stderr to pipes, or both to the file ``output``."""
     env = {**os.environ, "DPSBI_CACHE": str(cwd / "cache"), "HYDRA_FULL_ERROR": "0"}
-    command = [str(Path(sys.executable).parent / "dpsbi-run")] if program is None else [sys.executable, "-c", program]
+    command = (
+        [str(Path(sys.executable).parent / "dpsbi-run")]
+        if program is None
+        else [sys.executable, "-c", program]
+    )
     errors = subprocess.PIPE if output is subprocess.PIPE else subprocess.STDOUT
     return subprocess.Popen([*command, *args], cwd=cwd, env=env, stdout=output, stderr=errors, text=True)
 
 
 def _snapshot(directory: Path) -> dict[str, int]:
     """Every file below ``directory`` with its modification time (ns)."""
-    return {str(p.relative_to(directory)): p.stat().st_mtime_ns for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): p.stat().st_mtime_ns
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _results(run: Path) -> tuple[dict[str, str], list[dict]]:
@@ -79,7 +95,9 @@ POISSON = dict(pilot_simulations=200, max_simulations=10**5, importance_particle
 def _reference(cache_dir):
     """Exact rejection-ABC reference draws (200) of poisson_counts, cached in ``cache_dir``."""
     task = dpsbi.tasks.load("poisson_counts")
-    return reference.reference_posterior(task, {"name": "poisson_counts"}, "rejection", 200, cache_dir, seed=0, progress=False, **POISSON)
+    return reference.reference_posterior(
+        task, {"name": "poisson_counts"}, "rejection", 200, cache_dir, seed=0, progress=False, **POISSON
+    )
 
 
 def test_a_damaged_cache_entry_is_recomputed_with_a_warning_naming_it(tmp_path):
@@ -143,7 +161,9 @@ def test_default_run_and_sweep_directories_are_unique():
     a, b = config(hydra=True), config(hydra=True)
     assert a.hydra.run.dir != b.hydra.run.dir and a.hydra.sweep.dir != b.hydra.sweep.dir
     token = a.hydra.run.dir.rsplit("_", 1)[1]
-    assert len(token) == 6 and a.hydra.run.dir == a.hydra.run.dir and a.hydra.sweep.dir.endswith(token)  # one token per config
+    assert (
+        len(token) == 6 and a.hydra.run.dir == a.hydra.run.dir and a.hydra.sweep.dir.endswith(token)
+    )  # one token per config
 
 
 def test_a_run_into_a_busy_directory_is_refused_and_writes_nothing(tmp_path):
@@ -159,7 +179,9 @@ def test_a_run_into_a_busy_directory_is_refused_and_writes_nothing(tmp_path):
     assert _snapshot(run) == before
 
 
-def test_a_finished_run_is_reported_not_recomputed_and_another_config_is_refused(tmp_path, monkeypatch, capsys):
+def test_a_finished_run_is_reported_not_recomputed_and_another_config_is_refused(
+    tmp_path, monkeypatch, capsys
+):
     run = tmp_path / "run"
     summary = run_experiment(config(*QUICK, *REJECTION), run)
     before = _snapshot(run)
@@ -169,21 +191,29 @@ def test_a_finished_run_is_reported_not_recomputed_and_another_config_is_refused
 
     monkeypatch.setattr(methods, "fit", no_fit)
     capsys.readouterr()
-    again = run_experiment(config(*QUICK, *REJECTION, "progress=true", "plots=true"), run)  # keys that cannot change results
+    again = run_experiment(
+        config(*QUICK, *REJECTION, "progress=true", "plots=true"), run
+    )  # keys that cannot change results
     out = capsys.readouterr().out
     assert again == summary and "rejection_abc" in out and f"{run}: already finished" in out
     assert _snapshot(run) == before
     with pytest.raises(ConfigError) as refusal:
         run_experiment(config(*QUICK, *REJECTION, "method.num_samples=300", "seed=1"), run)
-    assert str(refusal.value).startswith(f"{run} holds a run of another config (method.num_samples: 200 vs 300; seed: 0 vs 1)")
+    assert str(refusal.value).startswith(
+        f"{run} holds a run of another config (method.num_samples: 200 vs 300; seed: 0 vs 1)"
+    )
     assert "\n" not in str(refusal.value) and _snapshot(run) == before
 
 
 def test_a_sweep_rerun_skips_its_finished_points_and_runs_the_rest(tmp_path):
     sweep, budgets = tmp_path / "multi", [sppe_budget(2), "+method_settings.rejection_abc.num_samples=200"]
-    run_experiment(config(*QUICK, "method=sppe", *budgets), sweep / "0_conjugate_gaussian_eps1.0_sppe")  # finished before
+    run_experiment(
+        config(*QUICK, "method=sppe", *budgets), sweep / "0_conjugate_gaussian_eps1.0_sppe"
+    )  # finished before
     before = _snapshot(sweep / "0_conjugate_gaussian_eps1.0_sppe")
-    process = _cli("-m", *QUICK, "method=sppe,rejection_abc", *budgets, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    process = _cli(
+        "-m", *QUICK, "method=sppe,rejection_abc", *budgets, f"hydra.sweep.dir={sweep}", cwd=tmp_path
+    )
     out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err[-3000:]
     assert out.count("already finished") == 1
@@ -201,13 +231,27 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch)
     """rejection_abc, then SPPE over 3 rounds: SIGKILL right after SPPE's first row is written, resume (rejection_abc
     is read back, SPPE continues from round 1), kill again between round 3's checkpoint and its row, resume:
     the draws and metrics are those of an uninterrupted run, with the wall time before the kills counted."""
-    overrides = [*QUICK, *REJECTION, "companions=[sppe]", sppe_budget(3), f"reference.cache_dir={tmp_path / 'cache'}"]
+    overrides = [
+        *QUICK,
+        *REJECTION,
+        "companions=[sppe]",
+        sppe_budget(3),
+        f"reference.cache_dir={tmp_path / 'cache'}",
+    ]
     killed, log = tmp_path / "killed", tmp_path / "killed.log"
     with log.open("w") as output:  # not a pipe: nobody reads it while the run goes on
-        process = _cli(*overrides, f"hydra.run.dir={killed}", cwd=tmp_path, output=output, program=KILLED_AFTER_FIRST_SPPE_ROW)
+        process = _cli(
+            *overrides,
+            f"hydra.run.dir={killed}",
+            cwd=tmp_path,
+            output=output,
+            program=KILLED_AFTER_FIRST_SPPE_ROW,
+        )
     run_experiment(config(*overrides), tmp_path / "whole")  # meanwhile, the uninterrupted run
     process.wait()
-    assert process.returncode == -signal.SIGKILL and not (killed / "sppe" / "complete").exists(), log.read_text()[-3000:]
+    assert process.returncode == -signal.SIGKILL and not (killed / "sppe" / "complete").exists(), (
+        log.read_text()[-3000:]
+    )
     before_kill = read_rows(killed / "sppe" / "rounds.json")
     assert [r["round"] for r in before_kill] == [1]
     before_kill[0]["wall_time"] = 1000.0  # as if round 1 had taken that long: later rows must count it
@@ -222,7 +266,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch)
 
     def killed_at_round_3(self, draws):
         calls.append(1)
-        if len(calls) == 2:  # SPPE round 3 (rounds 2 and 3 are trained now): its checkpoint is saved, its row not
+        if (
+            len(calls) == 2
+        ):  # SPPE round 3 (rounds 2 and 3 are trained now): its checkpoint is saved, its row not
             raise Killed()
         return score(self, draws)
 
@@ -244,14 +290,24 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch)
 def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
     """Killed before the run's summary (the method is read back, its calibration computed from its saved
     posterior) or before the method's completion mark (the estimator resumes with no round left to train)."""
-    overrides = [*QUICK, "method=naive_npe", "method.rounds=1", "method.sims_per_round=100", "method.training.max_epochs=2", f"method.flow={FLOW}",
-                 "evaluation.calibration_runs=20", "evaluation.calibration_samples=50"]
+    overrides = [
+        *QUICK,
+        "method=naive_npe",
+        "method.rounds=1",
+        "method.sims_per_round=100",
+        "method.training.max_epochs=2",
+        f"method.flow={FLOW}",
+        "evaluation.calibration_runs=20",
+        "evaluation.calibration_samples=50",
+    ]
     run = tmp_path / "run"
     summary = run_experiment(config(*overrides), run)
     (run / lost).unlink()
     scored = (run / "naive_npe" / "rounds" / "round_01.pt").stat().st_mtime_ns
     assert run_experiment(config(*overrides), run) == summary
-    assert (run / "naive_npe" / "rounds" / "round_01.pt").stat().st_mtime_ns == scored  # no round trained or scored again
+    assert (
+        run / "naive_npe" / "rounds" / "round_01.pt"
+    ).stat().st_mtime_ns == scored  # no round trained or scored again
 
 
 # ---- method settings ------------------------------------------------------------------------------------------
@@ -262,14 +318,19 @@ def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
         (["method.sims_per_round=-5"], "method 'sppe': .*sims_per_round"),
         (["method.qmc=true", "method.inner_samples=3"], "method 'sppe': .*inner_samples"),
         (["method.flow.hidden=0"], "method 'sppe': .*hidden"),
-        (["companions=[naive_npe]", "+method_settings.naive_npe.sims_per_round=1"], "method 'naive_npe': .*sims_per_round"),
+        (
+            ["companions=[naive_npe]", "+method_settings.naive_npe.sims_per_round=1"],
+            "method 'naive_npe': .*sims_per_round",
+        ),
         (["method.training.patience=0"], "method 'sppe': .*patience"),
         (["+method.max_epochs=2"], r"method 'sppe': .*training=dict\(max_epochs=2\)"),
         (["+method.foo=1"], "method 'sppe': .*'foo'"),
         (["method=smc_abc", "+method.foo=1"], "method 'smc_abc': .*'foo'.*; it takes num_particles"),
     ],
 )
-def test_bad_method_settings_fail_in_one_line_before_any_simulation(overrides, message, tmp_path, monkeypatch):
+def test_bad_method_settings_fail_in_one_line_before_any_simulation(
+    overrides, message, tmp_path, monkeypatch
+):
     def no_reference(*args, **kwargs):
         raise AssertionError("the reference must not be computed for a config that cannot run")
 

@@ -195,8 +195,9 @@ def test_exact_final_size_distribution(theta):
 def test_exact_early_extinction_matches_branching_process():
     """With R0 = beta / gamma = 4 and I(0) = 1, a minor outbreak has probability ~ 1 / R0."""
     n, k = 10_000, 1000
-    sir = gillespie_sir(tile((math.log(0.4), math.log(0.1)), n), population=k, times=[0.0, 500.0], seed=6,
-                        return_all=True)
+    sir = gillespie_sir(
+        tile((math.log(0.4), math.log(0.1)), n), population=k, times=[0.0, 500.0], seed=6, return_all=True
+    )
     minor = (k - sir[:, -1, 0] < k // 10).mean()
     assert abs(minor - 0.25) < 4 * math.sqrt(0.25 * 0.75 / n)
 
@@ -222,8 +223,9 @@ def test_exact_and_tau_leap_distributions_agree():
     n, k, dt = 1000, SMALL_K, 0.02
     theta = tile(TRUE_THETA, n)
     exact = gillespie_sir(theta, population=k, seed=21, return_all=True)
-    tau = tau_leap_sir(torch.tensor(theta), k, dt=dt, generator=torch.Generator().manual_seed(21),
-                       return_all=True).numpy()
+    tau = tau_leap_sir(
+        torch.tensor(theta), k, dt=dt, generator=torch.Generator().manual_seed(21), return_all=True
+    ).numpy()
     a, b = exact[:, 1:, 1] / k, tau[:, 1:, 1] / k
     sd = np.sqrt((a.var(0) + b.var(0)) / 2)
     allowance = 0.05 * sd

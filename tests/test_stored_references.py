@@ -41,9 +41,15 @@ def test_each_stored_sir_reference_has_its_provenance_and_enough_ess(epsilon):
 
 @pytest.mark.parametrize("epsilon", EPSILONS)
 def test_the_experiment_layer_uses_them_for_the_exact_model_only(epsilon):
-    reference = reference_posterior(sir(epsilon), {"name": "sir", "epsilon": epsilon}, "auto", 500, cache_dir=None)
+    reference = reference_posterior(
+        sir(epsilon), {"name": "sir", "epsilon": epsilon}, "auto", 500, cache_dir=None
+    )
     assert reference.kind == "stored" and reference.samples.shape == (500, 2)
-    for other in (sir(epsilon, simulator="tau_leap"), sir(epsilon, population=100_000), sir(epsilon, y_obs="simulate")):
+    for other in (
+        sir(epsilon, simulator="tau_leap"),
+        sir(epsilon, population=100_000),
+        sir(epsilon, y_obs="simulate"),
+    ):
         assert stored_references.find(other) is None
     with pytest.raises(ValueError, match="no stored reference"):
         reference_posterior(sir(epsilon, simulator="tau_leap"), {}, "stored", 500)
@@ -74,7 +80,9 @@ def test_smoothed_resampling_keeps_mean_and_covariance_without_repeats():
     task = sir(1.0)
     generator = torch.Generator().manual_seed(0)
     z = torch.randn(20_000, 2, generator=generator, dtype=torch.float64)
-    log_w = torch.distributions.Normal(1.0, 0.5).log_prob(z).sum(-1) - torch.distributions.Normal(0.0, 1.0).log_prob(z).sum(-1)
+    log_w = torch.distributions.Normal(1.0, 0.5).log_prob(z).sum(-1) - torch.distributions.Normal(
+        0.0, 1.0
+    ).log_prob(z).sum(-1)
     weights = torch.softmax(log_w, 0)
     draws, h = smoothed_resample(task, z, weights, 20_000, generator)
     assert 0 < h < 0.5 and torch.unique(draws, dim=0).shape[0] == 20_000
@@ -89,7 +97,9 @@ def test_a_short_sppe_run_on_the_exact_sir_model_scores_against_the_stored_refer
     """One round of 500 exact simulations: far from converged, but far closer than the prior."""
     task = sir(1.0)
     reference = reference_posterior(task, {}, "stored", 1000).samples
-    posterior = dpsbi.SPPE(task, 1, 500, 4, atoms=5, training=dict(max_epochs=30), seed=0, progress=False).run()
+    posterior = dpsbi.SPPE(
+        task, 1, 500, 4, atoms=5, training=dict(max_epochs=30), seed=0, progress=False
+    ).run()
     draws = posterior.sample((1000,), generator=torch.Generator().manual_seed(0))
     prior = task.prior.sample((1000,))
     score, prior_score = c2st(draws, reference), c2st(prior, reference)

@@ -22,8 +22,17 @@ def assert_mean(samples: torch.Tensor, expected: torch.Tensor, z: float = 4.0):
 
 
 def test_registry_lists_all_paper_tasks():
-    expected = {"sir", "regression", "naive_bayes", "poisson_counts", "sir_influenza", "sir_ebola_guinea",
-                "sir_ebola_liberia", "sir_ebola_sierra_leone", "sir_covid_clark"}
+    expected = {
+        "sir",
+        "regression",
+        "naive_bayes",
+        "poisson_counts",
+        "sir_influenza",
+        "sir_ebola_guinea",
+        "sir_ebola_liberia",
+        "sir_ebola_sierra_leone",
+        "sir_covid_clark",
+    }
     assert expected <= set(names())
 
 
@@ -81,8 +90,19 @@ def test_regression_statistic_means_by_direct_computation():
     ex1y = b0 * m1 + b1 * (1 + m1**2) + b2 * m1 * m2
     ex2y = b0 * m2 + b1 * m1 * m2 + b2 * (1 + m2**2)
     ey2 = ey**2 + 2 + b1**2 + b2**2
-    expected = torch.tensor([ey / 10, ex1y / 100, ex2y / 100, ey2 / 100, m1 / 10, m2 / 10,
-                             (1 + m1**2) / 100, m1 * m2 / 100, (1 + m2**2) / 100])
+    expected = torch.tensor(
+        [
+            ey / 10,
+            ex1y / 100,
+            ex2y / 100,
+            ey2 / 100,
+            m1 / 10,
+            m2 / 10,
+            (1 + m1**2) / 100,
+            m1 * m2 / 100,
+            (1 + m2**2) / 100,
+        ]
+    )
     s = task.simulate(torch.tensor([[b0, b1, b2]]).expand(4000, 3), GEN(1))
     assert_mean(s, expected)
 
@@ -94,7 +114,9 @@ def test_naive_bayes_count_means():
     pi = theta[0, 8:]
     cond = theta[0, :8].reshape(2, 2, 2)
     assert_mean(s, (pi[:, None, None] * cond).reshape(-1))
-    assert torch.allclose(s.reshape(-1, 2, 4).sum(-1) / 2, s.reshape(-1, 2, 2, 2)[:, :, 0].sum(-1))  # class totals agree
+    assert torch.allclose(
+        s.reshape(-1, 2, 4).sum(-1) / 2, s.reshape(-1, 2, 2, 2)[:, :, 0].sum(-1)
+    )  # class totals agree
 
 
 def test_poisson_mean_and_variance():
@@ -113,7 +135,9 @@ def test_poisson_exact_posterior_agrees_with_a_grid_sum():
     dens = (logp - logp.max()).exp()
     dens = dens / torch.trapezoid(dens, grid)
     assert torch.trapezoid(dens * grid, grid).item() == pytest.approx(post.mean.item(), rel=1e-6)
-    assert torch.trapezoid(dens * grid**2, grid).item() == pytest.approx((post.variance + post.mean**2).item(), rel=1e-6)
+    assert torch.trapezoid(dens * grid**2, grid).item() == pytest.approx(
+        (post.variance + post.mean**2).item(), rel=1e-6
+    )
     assert torch.allclose(post.log_prob(grid[::1000, None]).exp(), dens[::1000], rtol=1e-4, atol=1e-10)
 
 
@@ -123,15 +147,26 @@ def test_simplex_bijection_round_trip_and_log_det():
     theta = transform(z)
     assert theta.shape == (6, 5) and torch.allclose(theta[:, :2].sum(-1), torch.ones(6))
     assert torch.allclose(transform.inv(theta), z, atol=1e-10)
-    jac = torch.autograd.functional.jacobian(lambda x: transform(x)[[0, 2, 3]], z[0])  # drop one coord per block
-    assert transform.log_abs_det_jacobian(z[:1], theta[:1]).item() == pytest.approx(torch.linalg.det(jac).abs().log().item())
+    jac = torch.autograd.functional.jacobian(
+        lambda x: transform(x)[[0, 2, 3]], z[0]
+    )  # drop one coord per block
+    assert transform.log_abs_det_jacobian(z[:1], theta[:1]).item() == pytest.approx(
+        torch.linalg.det(jac).abs().log().item()
+    )
     task = load("naive_bayes")
-    assert task.dim_unconstrained == 5 and bool(task.prior.support.check(task.transform(torch.randn(3, 5))).all())
+    assert task.dim_unconstrained == 5 and bool(
+        task.prior.support.check(task.transform(torch.randn(3, 5))).all()
+    )
 
 
 def test_simulator_nan_and_bad_theta_raise():
-    bad = Task("bad", Independent(Normal(torch.zeros(1), 1.0), 1), lambda th, g: th * float("nan"),
-               Laplace(1.0, 1.0), epsilon=1.0)
+    bad = Task(
+        "bad",
+        Independent(Normal(torch.zeros(1), 1.0), 1),
+        lambda th, g: th * float("nan"),
+        Laplace(1.0, 1.0),
+        epsilon=1.0,
+    )
     with pytest.raises(RuntimeError, match="NaN"):
         bad.simulate(torch.zeros(3, 1))
     task = load("poisson_counts")

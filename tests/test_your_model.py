@@ -25,19 +25,31 @@ def run_block(language: str, code: str, cwd: Path) -> str:
         (cwd / named.group(1)).write_text(code)
         return ""
     command = [sys.executable, "-c", code] if language == "python" else ["bash", "-e", "-c", code]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(cwd)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(cwd),
+    }
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"{language} block failed:\n{code}\n--- output ---\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{language} block failed:\n{code}\n--- output ---\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout
 
 
 def test_the_your_model_page_runs_as_written(tmp_path):
-    outputs = [run_block(language, code, tmp_path) for language, code in blocks(ROOT / "docs" / "YOUR_MODEL.md")]
+    outputs = [
+        run_block(language, code, tmp_path) for language, code in blocks(ROOT / "docs" / "YOUR_MODEL.md")
+    ]
     text = "\n".join(outputs)
     scores = [float(v) for v in re.findall(r"C2ST vs exact ([0-9.]+)", text)]
     assert len(scores) == 2 and max(scores) <= 0.65, text  # SPPE and SPLE near the exact posterior
-    assert "0.5 = indistinguishable" in text and "already finished" not in text  # the run's table explains itself
-    assert (tmp_path / "draws.csv").is_file() and len((tmp_path / "draws.csv").read_text().splitlines()) == 1001
+    assert (
+        "0.5 = indistinguishable" in text and "already finished" not in text
+    )  # the run's table explains itself
+    assert (tmp_path / "draws.csv").is_file() and len(
+        (tmp_path / "draws.csv").read_text().splitlines()
+    ) == 1001
     assert len(list((tmp_path / "runs" / "survey_by_epsilon").glob("*/summary.json"))) == 2
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -130,7 +130,9 @@ class SparseVector:
 
     def __call__(self, distances: Tensor) -> tuple[Tensor, int]:
         if distances.ndim != 1:
-            raise ValueError(f"distances must be a 1-d chunk of the proposal stream, got shape {tuple(distances.shape)}")
+            raise ValueError(
+                f"distances must be a 1-d chunk of the proposal stream, got shape {tuple(distances.shape)}"
+            )
         if self._threshold is None:
             self._draw_threshold(distances)
         noisy = distances + _laplace(2 * self.noise_scale, tuple(distances.shape), distances, self.generator)
@@ -167,7 +169,9 @@ def _summary_distance(task: Task) -> tuple[Distance, float] | tuple[None, None]:
     norm = next((p for kind, p in [(Laplace, 1), (Gaussian, 2)] if isinstance(task.mechanism, kind)), None)
     if norm is None:
         return None, None
-    return (lambda observed, s: torch.linalg.vector_norm(s - observed, ord=norm, dim=-1)), task.mechanism.sensitivity
+    return (
+        lambda observed, s: torch.linalg.vector_norm(s - observed, ord=norm, dim=-1)
+    ), task.mechanism.sensitivity
 
 
 def abcdp(
@@ -230,7 +234,9 @@ def abcdp(
             theta = sample_prior(prior, min(batch_size, max_proposals - proposals), generator)
             rho = distance(observed, simulator(theta, generator))
             if rho.shape != theta.shape[:1]:
-                raise ValueError(f"distance must return one value per proposal, ({theta.shape[0]},), got {tuple(rho.shape)}")
+                raise ValueError(
+                    f"distance must return one value per proposal, ({theta.shape[0]},), got {tuple(rho.shape)}"
+                )
             if clip is not None:
                 rho = rho.clamp(max=clip)
             accepted, answered = svt(rho)
@@ -242,7 +248,10 @@ def abcdp(
             bar.update(answered)
             bar.set_postfix(accepted=svt.count)
     if not svt.done:
-        warnings.warn(f"ABCDP accepted {svt.count} of the {num_accepted} requested draws within {max_proposals} proposals")
+        warnings.warn(
+            f"ABCDP accepted {svt.count} of the {num_accepted} requested draws within {max_proposals} proposals",
+            stacklevel=2,
+        )
     info = dict(
         epsilon_total=abcdp_epsilon(num_accepted, sensitivity, noise_scale, resample),
         noise_scale=noise_scale,
@@ -275,11 +284,15 @@ def _problem(
         if distance is None:
             distance, default_sensitivity = _summary_distance(task)
             if distance is None:
-                raise ValueError(f"task {task.name!r} uses {task.mechanism!r}: pass distance= and sensitivity= or clip=")
+                raise ValueError(
+                    f"task {task.name!r} uses {task.mechanism!r}: pass distance= and sensitivity= or clip="
+                )
             sensitivity = default_sensitivity if sensitivity is None else sensitivity
         return task.s_obs, prior or task.prior, simulator or task.simulate, distance, sensitivity
     if not torch.is_tensor(task_or_data):
-        raise TypeError(f"abcdp needs a Task or the observed data as a tensor, got {type(task_or_data).__name__}")
+        raise TypeError(
+            f"abcdp needs a Task or the observed data as a tensor, got {type(task_or_data).__name__}"
+        )
     given = {"prior": prior, "simulator": simulator, "distance": distance}
     missing = [name for name, value in given.items() if value is None]
     if missing:

@@ -90,7 +90,11 @@ def da_mcmc(
 
 
 def record_sweep(
-    mechanism: Mechanism, y: Tensor, shares: Tensor, new_shares: Tensor, generator: torch.Generator | None = None
+    mechanism: Mechanism,
+    y: Tensor,
+    shares: Tensor,
+    new_shares: Tensor,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """One Metropolis sweep over the records of ``C`` chains: record ``i`` (in order) moves from its share
     ``shares[:, i]`` of the statistic to ``new_shares[:, i]`` (both ``(C, n, dim_s)``) with probability

@@ -9,8 +9,8 @@ no tolerance, no approximation. The helpers here (the release to condition on, a
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -75,7 +75,9 @@ def kish_ess(weights: Tensor) -> float:
     return float(1.0 / (weights.double() ** 2).sum())
 
 
-def mechanism_log_weights(task: Task, theta: Tensor, log_ratio: Tensor, y: Tensor, power: float = 1.0) -> Tensor:
+def mechanism_log_weights(
+    task: Task, theta: Tensor, log_ratio: Tensor, y: Tensor, power: float = 1.0
+) -> Tensor:
     """``log_ratio + power * log eta(y | s)`` with ``s ~ simulate(theta)``, shape ``(n,)``.
 
     ``log_ratio (n,)`` is the importance ratio ``log prior - log proposal`` of ``theta (n, dim_theta)``;
@@ -185,5 +187,8 @@ def abc_is(
             bar.update(theta.shape[0])
     log_w = torch.cat(log_ws)
     weights = normalize(log_w, method)
-    info = {"ess": kish_ess(weights), "log_evidence": float(torch.logsumexp(log_w, 0)) - math.log(log_w.numel())}
+    info = {
+        "ess": kish_ess(weights),
+        "log_evidence": float(torch.logsumexp(log_w, 0)) - math.log(log_w.numel()),
+    }
     return BaselineResult(torch.cat(thetas), simulations, weights=weights, info=info)

@@ -16,8 +16,8 @@ identity the score is a posterior expectation over the latent data, ``gamma = E[
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -75,7 +75,12 @@ def clt_fisher_information(model: GaussianCLT, mechanism: Mechanism, theta: Tens
 
 
 def _fisher_identity(
-    theta: Tensor, log_density: Callable[[Tensor], Tensor], log_w: Tensor, scale: float, debias: bool, method: str
+    theta: Tensor,
+    log_density: Callable[[Tensor], Tensor],
+    log_w: Tensor,
+    scale: float,
+    debias: bool,
+    method: str,
 ) -> FisherEstimate:
     """``scale * mean_i gamma_i gamma_i^T`` with the self-normalized score ``gamma_i = sum_j W_ij s_ij``,
     ``s_ij = d/dtheta log f(latent_ij | theta)``. ``log_density(theta (N, M, d)) -> (N, M)`` holds the latent draws
@@ -114,7 +119,9 @@ def fisher_summary_is(
     (:class:`~dpsbi.tasks.latent.GaussianCLT`) this is the information of the CLT-approximate release model."""
     _check_counts(num_releases, num_inner)
     theta = theta.detach().reshape(1, -1)
-    y = mechanism.sample(model.sample(theta.expand(num_releases, -1).contiguous(), generator), generator=generator)
+    y = mechanism.sample(
+        model.sample(theta.expand(num_releases, -1).contiguous(), generator), generator=generator
+    )
     u = model.sample(theta.expand(num_releases, num_inner, -1).contiguous(), generator).detach()
     log_w = mechanism.log_prob(y[:, None], u)
     return _fisher_identity(theta, lambda t: model.log_prob(u, t), log_w, 1.0, debias, "summary")
@@ -135,9 +142,18 @@ def fisher_records_is(
     _check_counts(num_releases, num_inner)
     theta = theta.detach().reshape(1, -1)
     y = mechanism.sample(records.simulate(theta.expand(num_releases, -1), generator), generator=generator)
-    x = records.records(records.latent((num_releases, num_inner, records.n), theta, generator), theta).detach()
-    rows = max(1, _CHUNK // (num_inner * records.n))  # releases per chunk: bounds the summaries' scratch memory
-    log_w = torch.cat([mechanism.log_prob(y_c[:, None], records.summary(x_c)) for y_c, x_c in zip(y.split(rows), x.split(rows))])
+    x = records.records(
+        records.latent((num_releases, num_inner, records.n), theta, generator), theta
+    ).detach()
+    rows = max(
+        1, _CHUNK // (num_inner * records.n)
+    )  # releases per chunk: bounds the summaries' scratch memory
+    log_w = torch.cat(
+        [
+            mechanism.log_prob(y_c[:, None], records.summary(x_c))
+            for y_c, x_c in zip(y.split(rows), x.split(rows))
+        ]
+    )
     return _fisher_identity(theta, lambda t: records.log_prob(x, t).sum(-1), log_w, 1.0, debias, "records")
 
 
@@ -154,14 +170,18 @@ def fisher_sequential_is(
     single-record releases, each score from ``num_inner`` single records weighted by ``eta(y | t(x_j))``."""
     _check_counts(num_releases, num_inner)
     if not records.sequential:
-        raise ValueError(f"fisher_sequential_is needs a record model with a release per record, got {records!r}")
+        raise ValueError(
+            f"fisher_sequential_is needs a record model with a release per record, got {records!r}"
+        )
     theta = theta.detach().reshape(1, -1)
     data_sets = -(-num_releases // records.n)
     y = mechanism.sample(records.simulate(theta.expand(data_sets, -1), generator), generator=generator)
     y = y.reshape(-1)[:num_releases]
     x = records.records(records.latent((num_releases, num_inner, 1), theta, generator), theta).detach()
     log_w = record_log_prob(mechanism, y[:, None], records.values(x)[..., 0])
-    return _fisher_identity(theta, lambda t: records.log_prob(x, t)[..., 0], log_w, float(records.n), debias, "sequential")
+    return _fisher_identity(
+        theta, lambda t: records.log_prob(x, t)[..., 0], log_w, float(records.n), debias, "sequential"
+    )
 
 
 def _method(task: Task) -> str:
@@ -199,10 +219,14 @@ def fisher_information(
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose 'auto' or one of {METHODS}")
     if method == "clt":
-        return clt_fisher_information(summary_model_of(task, None, "the CLT Fisher information"), task.mechanism, theta)
+        return clt_fisher_information(
+            summary_model_of(task, None, "the CLT Fisher information"), task.mechanism, theta
+        )
     options = dict(num_releases=num_releases, num_inner=num_inner, debias=debias, generator=generator)
     if method == "summary":
-        return fisher_summary_is(summary_model_of(task, None, "fisher_summary_is"), task.mechanism, theta, **options)
+        return fisher_summary_is(
+            summary_model_of(task, None, "fisher_summary_is"), task.mechanism, theta, **options
+        )
     estimator = fisher_sequential_is if method == "sequential" else fisher_records_is
     return estimator(record_model_of(task, None, estimator.__name__), task.mechanism, theta, **options)
 
@@ -216,5 +240,7 @@ def rank_statistics(
     E.g. ``{"|x|": lambda e: load("normal_variance", epsilon=e, power=1), "x^2": ...}``."""
     if not candidates:
         raise ValueError("rank_statistics needs at least one candidate")
-    scores = [(name, fisher_information(factory(epsilon), theta, **options)) for name, factory in candidates.items()]
+    scores = [
+        (name, fisher_information(factory(epsilon), theta, **options)) for name, factory in candidates.items()
+    ]
     return sorted(scores, key=lambda item: -item[1].trace)

@@ -14,7 +14,9 @@ def _as_chains(chain: Tensor) -> Tensor:
     if chain.ndim == 2:
         chain = chain[None]
     if chain.ndim != 3 or chain.shape[1] < 2:
-        raise ValueError(f"chain must be (T,), (T, d) or (C, T, d) with T >= 2, got shape {tuple(chain.shape)}")
+        raise ValueError(
+            f"chain must be (T,), (T, d) or (C, T, d) with T >= 2, got shape {tuple(chain.shape)}"
+        )
     return chain if chain.is_floating_point() else chain.to(torch.get_default_dtype())
 
 

@@ -12,8 +12,9 @@ third significant digit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -85,13 +86,17 @@ def e_step(task: Task, theta: Tensor, y: Tensor, num_draws: int, batch_size: int
     return s, normalize(task.mechanism.log_prob(y, s), "mcem E-step")
 
 
-def louis_information(family: ExponentialFamily, theta: Tensor, s: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+def louis_information(
+    family: ExponentialFamily, theta: Tensor, s: Tensor, weights: Tensor
+) -> tuple[Tensor, Tensor]:
     """Observed score ``(d,)`` and information ``(d, d)`` at ``theta`` from weighted draws of ``s | y, theta``:
     ``E[lambda]`` and ``E[-grad lambda] - Cov(lambda)`` with ``lambda`` the complete-data score (Louis 1982)."""
     scores = family.score(theta, s)
     mean = weights @ scores
     centered = scores - mean
-    information = torch.einsum("n,nij->ij", weights, family.information(theta, s)) - (centered.T * weights) @ centered
+    information = (
+        torch.einsum("n,nij->ij", weights, family.information(theta, s)) - (centered.T * weights) @ centered
+    )
     return mean, information
 
 
@@ -127,9 +132,13 @@ def mcem(
             )
         family = FAMILIES[task.name]
     if not stages or any(int(n) < 2 or not tol > 0 for n, tol in stages):
-        raise ValueError(f"{method}: stages must be a non-empty list of (num_draws >= 2, tolerance > 0), got {stages}")
+        raise ValueError(
+            f"{method}: stages must be a non-empty list of (num_draws >= 2, tolerance > 0), got {stages}"
+        )
     if int(max_iterations) < 1 or int(batch_size) < 1:
-        raise ValueError(f"{method}: max_iterations and batch_size must be >= 1, got {max_iterations}, {batch_size}")
+        raise ValueError(
+            f"{method}: max_iterations and batch_size must be >= 1, got {max_iterations}, {batch_size}"
+        )
     y = target_release(task, y, method).double()
     theta = task.prior.mean.to(y) if theta0 is None else torch.as_tensor(theta0).to(y).reshape(-1)
     theta = task.check_theta(theta[None])[0]
@@ -139,7 +148,9 @@ def mcem(
             for _ in range(int(max_iterations)):
                 s, weights = e_step(task, theta, y, int(num_draws), int(batch_size))
                 new = family.mle(family.statistic(s), weights)
-                change = float((new - theta).abs().max() / theta.abs().max().clamp(min=torch.finfo(theta.dtype).tiny))
+                change = float(
+                    (new - theta).abs().max() / theta.abs().max().clamp(min=torch.finfo(theta.dtype).tiny)
+                )
                 theta = task.check_theta(new[None])[0]
                 trace.append(theta)
                 draws.append(int(num_draws))
@@ -155,4 +166,6 @@ def mcem(
     standard_error = torch.linalg.inv(information).diagonal().sqrt()
     info = {"draws": draws, "ess": ess, "relative_change": changes, "converged": converged}
     info["final_ess"] = kish_ess(weights)
-    return MCEMResult(theta, standard_error, information, score, torch.stack(trace), sum(draws) + s.shape[0], info)
+    return MCEMResult(
+        theta, standard_error, information, score, torch.stack(trace), sum(draws) + s.shape[0], info
+    )

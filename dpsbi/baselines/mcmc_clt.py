@@ -85,5 +85,15 @@ def mh_clt(
     y = target_release(task, y, "mh_clt")
     move = CLTLikelihood(summary_model_of(task, model, "mh_clt"), task.mechanism, y)
     return run_metropolis(
-        task, move, num_iterations, proposal_scale, theta0, num_chains, burn_in, thin, generator, progress, "MH-CLT"
+        task,
+        move,
+        num_iterations,
+        proposal_scale,
+        theta0,
+        num_chains,
+        burn_in,
+        thin,
+        generator,
+        progress,
+        "MH-CLT",
     )

@@ -28,7 +28,13 @@ from torch import Tensor
 from ..mechanisms import Mechanism
 from ..mechanisms.base import open_unit
 from ..tasks import Task
-from ..tasks.latent import ReparameterizedRecords, SummaryModel, record_log_prob, record_model_of, summary_model_of
+from ..tasks.latent import (
+    ReparameterizedRecords,
+    SummaryModel,
+    record_log_prob,
+    record_model_of,
+    summary_model_of,
+)
 from .exact_abc import target_release
 from .noisy_mcmc import Carry, Move, run_metropolis
 from .result import BaselineResult
@@ -52,7 +58,9 @@ class AveragedMove(Move):
 
     def __init__(self, mechanism: Mechanism, y: Tensor, num_particles: int) -> None:
         if int(num_particles) < 2:
-            raise ValueError(f"MHAAR needs num_particles >= 2 (the current latent and fresh ones), got {num_particles}")
+            raise ValueError(
+                f"MHAAR needs num_particles >= 2 (the current latent and fresh ones), got {num_particles}"
+            )
         self.mechanism, self.y, self.num_particles = mechanism, y, int(num_particles)
         self.simulations_per_step = self.num_particles - 1
         self.info = dict(num_particles=self.num_particles)
@@ -76,8 +84,13 @@ class AveragedMove(Move):
     def __call__(self, theta, theta_prop, carry, generator):
         anchor = self.anchor(theta, theta_prop)
         particles = self.particles(carry[0], anchor, generator)
-        log_w, log_w_prop = self.log_weights(particles, theta, anchor), self.log_weights(particles, theta_prop, anchor)
-        log_ratio = (torch.logsumexp(log_w_prop, 1) - torch.logsumexp(log_w, 1)).reshape(theta.shape[0], -1).sum(1)
+        log_w, log_w_prop = (
+            self.log_weights(particles, theta, anchor),
+            self.log_weights(particles, theta_prop, anchor),
+        )
+        log_ratio = (
+            (torch.logsumexp(log_w_prop, 1) - torch.logsumexp(log_w, 1)).reshape(theta.shape[0], -1).sum(1)
+        )
         return log_ratio, (pick(particles, log_w_prop, generator),), (pick(particles, log_w, generator),)
 
 
@@ -97,7 +110,9 @@ class SummaryAAR(AveragedMove):
         return new if current is None else torch.cat([current[:, None], new], 1)
 
     def log_weights(self, particles, theta, anchor):
-        log_f = self.model.log_prob(particles, theta[:, None]) - self.model.log_prob(particles, anchor[:, None])
+        log_f = self.model.log_prob(particles, theta[:, None]) - self.model.log_prob(
+            particles, anchor[:, None]
+        )
         return log_f + self.mechanism.log_prob(self.y, particles)
 
 
@@ -126,7 +141,9 @@ class RecordAAR(AveragedMove):
             new = self.records.latent((c, self.num_particles - 1, n), anchor, generator)
             return torch.cat([current[:, None], new], 1)
         m = self.subset_size
-        subset = torch.rand(c, n, generator=generator, device=anchor.device).argsort(-1)[:, :m]  # b, per chain
+        subset = torch.rand(c, n, generator=generator, device=anchor.device).argsort(-1)[
+            :, :m
+        ]  # b, per chain
         new = self.records.latent((c, self.num_particles - 1, m), anchor, generator)
         out = current[:, None].repeat(1, self.num_particles, 1, 1)
         out[:, 1:].scatter_(2, subset[:, None, :, None].expand(new.shape), new)
@@ -146,7 +163,9 @@ def _mode(task: Task, mode: str, model: object, subset_size: int | None) -> str:
             raise ValueError(f"unknown mode {mode!r}; choose 'auto' or one of {MODES}")
         return mode
     records = model if model is not None else getattr(task, "record_model", None)
-    if isinstance(records, ReparameterizedRecords) and (model is not None or records.sequential or subset_size):
+    if isinstance(records, ReparameterizedRecords) and (
+        model is not None or records.sequential or subset_size
+    ):
         return "sequential" if records.sequential else "records"
     if model is not None or getattr(task, "summary_model", None) is not None:
         return "summary"
@@ -187,7 +206,9 @@ def mhaar(
     if subset_size is not None and mode != "records":
         raise ValueError(f"subset_size applies to mode='records' (Alg. 7) only, not {mode!r}")
     if mode == "summary":
-        move: AveragedMove = SummaryAAR(summary_model_of(task, model, "mhaar"), task.mechanism, y, num_particles)
+        move: AveragedMove = SummaryAAR(
+            summary_model_of(task, model, "mhaar"), task.mechanism, y, num_particles
+        )
     else:
         records = record_model_of(task, model, f"mhaar (mode={mode!r})")
         if (mode == "sequential") != records.sequential:
@@ -197,8 +218,20 @@ def mhaar(
             )
         if subset_size is not None and not 1 <= subset_size <= records.n:
             raise ValueError(f"subset_size must lie in [1, n={records.n}], got {subset_size}")
-        move = RecordAAR(records, task.mechanism, y, num_particles, subset_size, per_record=mode == "sequential")
+        move = RecordAAR(
+            records, task.mechanism, y, num_particles, subset_size, per_record=mode == "sequential"
+        )
     move.info.update(mode=mode)
     return run_metropolis(
-        task, move, num_iterations, proposal_scale, theta0, num_chains, burn_in, thin, generator, progress, "MHAAR"
+        task,
+        move,
+        num_iterations,
+        proposal_scale,
+        theta0,
+        num_chains,
+        burn_in,
+        thin,
+        generator,
+        progress,
+        "MHAAR",
     )

@@ -76,9 +76,13 @@ def proposal_factor(proposal_scale: float | Tensor, dim: int, like: Tensor) -> T
         factor, status = torch.linalg.cholesky_ex((scale + scale.mT) / 2)
         ok = status.item() == 0 and bool(torch.allclose(scale, scale.mT))
     else:
-        raise ValueError(f"proposal_scale must be a number, ({dim},) or ({dim}, {dim}), got shape {tuple(scale.shape)}")
+        raise ValueError(
+            f"proposal_scale must be a number, ({dim},) or ({dim}, {dim}), got shape {tuple(scale.shape)}"
+        )
     if not ok:
-        raise ValueError("proposal_scale must be positive (a symmetric positive-definite matrix when a covariance)")
+        raise ValueError(
+            "proposal_scale must be positive (a symmetric positive-definite matrix when a covariance)"
+        )
     return factor
 
 
@@ -113,7 +117,9 @@ def run_metropolis(
     phi = task.transform.inv(theta)
     _, log_prior = unconstrained_log_prior(task, phi)
     if not torch.isfinite(log_prior).all():
-        raise ValueError(f"{method}: theta0 has zero prior density: {theta[~torch.isfinite(log_prior)][0].tolist()}")
+        raise ValueError(
+            f"{method}: theta0 has zero prior density: {theta[~torch.isfinite(log_prior)][0].tolist()}"
+        )
     factor = proposal_factor(proposal_scale, phi.shape[-1], phi)
     carry = move.init(theta, generator)
     kept, accepted = [], torch.zeros(num_chains, dtype=torch.long, device=phi.device)
@@ -126,7 +132,9 @@ def run_metropolis(
         # Chains whose proposal has no prior mass evaluate the move at their current point and reject.
         theta_eval = torch.where(valid[:, None], theta_prop, theta)
         log_ratio, carry_accept, carry_reject = move(theta, theta_eval, carry, generator)
-        log_u = torch.log(open_unit(torch.rand(num_chains, generator=generator, device=phi.device, dtype=phi.dtype)))
+        log_u = torch.log(
+            open_unit(torch.rand(num_chains, generator=generator, device=phi.device, dtype=phi.dtype))
+        )
         accept = valid & (log_u < log_prior_prop - log_prior + log_ratio)
         phi = torch.where(accept[:, None], phi_prop, phi)
         theta = torch.where(accept[:, None], theta_eval, theta)
@@ -137,7 +145,9 @@ def run_metropolis(
             if (step - burn_in) % thin == 0:
                 kept.append(theta)
         if progress and step % 100 == 0:
-            bar.set_postfix(acceptance=f"{accepted.sum().item() / max(1, (step - burn_in + 1) * num_chains):.3f}")
+            bar.set_postfix(
+                acceptance=f"{accepted.sum().item() / max(1, (step - burn_in + 1) * num_chains):.3f}"
+            )
     chains = torch.stack(kept, 1)
     iat = integrated_autocorrelation_time(chains)
     steps = num_iterations - burn_in

@@ -8,7 +8,7 @@ until the next acceptance, so the chain targets the exact private posterior.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -76,5 +76,15 @@ def pmmh(
     simulate = task.simulate if model is None else model.sample
     move = PseudoMarginal(simulate, task.mechanism, y, num_particles)
     return run_metropolis(
-        task, move, num_iterations, proposal_scale, theta0, num_chains, burn_in, thin, generator, progress, "PMMH"
+        task,
+        move,
+        num_iterations,
+        proposal_scale,
+        theta0,
+        num_chains,
+        burn_in,
+        thin,
+        generator,
+        progress,
+        "PMMH",
     )

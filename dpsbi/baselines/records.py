@@ -68,7 +68,7 @@ class RegressionRecords(RecordModel):
     bound: float = 10.0
 
     @classmethod
-    def from_task(cls, task: Task, **constants) -> "RegressionRecords":
+    def from_task(cls, task: Task, **constants) -> RegressionRecords:
         """The record model of a ``regression`` task: prior and ``n`` (from the Laplace sensitivity
         ``(p^2 + 3p + 3) / n``) are read off the task; ``x_mean``, ``noise_var``, ``bound`` default to the
         paper's and can be overridden. Raises unless the model reproduces ``task.simulate`` exactly."""
@@ -98,7 +98,9 @@ class RegressionRecords(RecordModel):
     def sample(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         opts = dict(generator=generator, device=theta.device, dtype=theta.dtype)
         c, p = theta.shape[0], len(self.x_mean)
-        x = torch.tensor(self.x_mean, device=theta.device, dtype=theta.dtype) + torch.randn(c, self.n, p, **opts)
+        x = torch.tensor(self.x_mean, device=theta.device, dtype=theta.dtype) + torch.randn(
+            c, self.n, p, **opts
+        )
         mean = theta[:, None, 0] + torch.einsum("cnj,cj->cn", x, theta[:, 1:])
         y = mean + math.sqrt(self.noise_var) * torch.randn(c, self.n, **opts)
         return torch.cat([x, y[..., None]], -1)
@@ -114,7 +116,10 @@ class RegressionRecords(RecordModel):
         precision = torch.diag_embed(prior_precision.expand(records.shape[0], -1)) + (
             design.mT @ design / self.noise_var
         )
-        shift = prior_precision * self.prior_loc.to(records) + torch.einsum("cmj,cm->cj", design, records[..., -1]) / self.noise_var
+        shift = (
+            prior_precision * self.prior_loc.to(records)
+            + torch.einsum("cmj,cm->cj", design, records[..., -1]) / self.noise_var
+        )
         chol = torch.linalg.cholesky(precision)
         mean = torch.cholesky_solve(shift[..., None], chol)
         z = torch.randn(mean.shape, generator=generator, device=records.device, dtype=records.dtype)
@@ -135,7 +140,7 @@ class NaiveBayesRecords(RecordModel):
     n: int = 100
 
     @classmethod
-    def from_task(cls, task: Task) -> "NaiveBayesRecords":
+    def from_task(cls, task: Task) -> NaiveBayesRecords:
         """The record model of a ``naive_bayes`` task: the numbers of classes, features and values and the
         Dirichlet concentrations come from its prior, ``n`` from the Laplace sensitivity ``2K / n``."""
         prior = task.prior
@@ -144,7 +149,9 @@ class NaiveBayesRecords(RecordModel):
         classes, values = prior.sizes[-1], prior.sizes[0]
         features = (len(prior.sizes) - 1) // classes
         if prior.sizes[:-1] != [values] * (classes * features):
-            raise ValueError(f"prior blocks {prior.sizes} are not I*K blocks of J values followed by I classes")
+            raise ValueError(
+                f"prior blocks {prior.sizes} are not I*K blocks of J values followed by I classes"
+            )
         blocks = [b.concentration for b in prior.blocks]
         cond = torch.stack(blocks[:-1]).reshape(classes, features, values)
         return cls(cond, blocks[-1], n=round(2 * features / task.mechanism.sensitivity))
@@ -170,7 +177,9 @@ class NaiveBayesRecords(RecordModel):
         counts = (self.contribution(records).sum(-2) * self.n).round()
         counts = counts.reshape(-1, *self.cond_concentration.shape)  # (C, I, K, J)
         cond = torch._sample_dirichlet(self.cond_concentration.to(counts) + counts, generator=generator)
-        pi = torch._sample_dirichlet(self.class_concentration.to(counts) + counts[:, :, 0].sum(-1), generator=generator)
+        pi = torch._sample_dirichlet(
+            self.class_concentration.to(counts) + counts[:, :, 0].sum(-1), generator=generator
+        )
         return torch.cat([cond.flatten(1), pi], -1)
 
 

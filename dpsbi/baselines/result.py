@@ -29,7 +29,9 @@ class BaselineResult:
         """Unweighted draws ``(num_samples, dim_theta)``: multinomial resampling when weighted."""
         if self.weights is None:
             if num_samples > self.samples.shape[0]:
-                raise ValueError(f"asked for {num_samples} draws but the result holds {self.samples.shape[0]}")
+                raise ValueError(
+                    f"asked for {num_samples} draws but the result holds {self.samples.shape[0]}"
+                )
             return self.samples[:num_samples]
         idx = torch.multinomial(self.weights, num_samples, replacement=True, generator=generator)
         return self.samples[idx]

@@ -52,7 +52,9 @@ _CHUNK = 1 << 22
 def tolerance_schedule(start: float, end: float, decay: float) -> list[float]:
     """``start, start * decay, start * decay^2, ...`` while above ``end``, then ``end`` itself."""
     if not 0 < end <= start:
-        raise ValueError(f"tolerances must satisfy 0 < tolerance_end <= tolerance_start, got {start} and {end}")
+        raise ValueError(
+            f"tolerances must satisfy 0 < tolerance_end <= tolerance_start, got {start} and {end}"
+        )
     if not 0 < decay < 1:
         raise ValueError(f"decay must lie in (0, 1), got {decay}")
     tolerances = [float(start)]
@@ -111,8 +113,15 @@ class Perturbation:
 class _Sampler:
     """One SMC-ABC run: the task, the release, and the simulation count shared by its generations."""
 
-    def __init__(self, task: Task, y: Tensor, num_particles: int, max_simulations: int, max_batch_size: int,
-                 distance_scale: float | None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        y: Tensor,
+        num_particles: int,
+        max_simulations: int,
+        max_batch_size: int,
+        distance_scale: float | None,
+    ) -> None:
         self.task, self.y, self.n = task, y, num_particles
         self.max_simulations, self.max_batch_size = max_simulations, max_batch_size
         self.distance_scale = distance_scale
@@ -150,7 +159,9 @@ class _Sampler:
                     f"{simulations} simulations; raise max_simulations, or use kernel='mechanism' (no tolerance schedule)"
                 )
             remaining = self.n - accepted
-            size = min(self.max_batch_size, max(remaining, math.ceil(1.2 * remaining / max(self.acceptance, 1e-6))))
+            size = min(
+                self.max_batch_size, max(remaining, math.ceil(1.2 * remaining / max(self.acceptance, 1e-6)))
+            )
             z, theta, log_ratio = self.propose(min(size, self.max_simulations - self.simulations), proposal)
             inside = torch.isfinite(log_ratio)
             distance = (self.task.simulate_release(theta[inside]) - self.y).norm(dim=-1)
@@ -169,7 +180,9 @@ class _Sampler:
     def _median_scale(distance: Tensor) -> float:
         scale = float(distance.median())
         if not scale > 0:
-            raise ValueError("smc_abc: the median prior-predictive distance to y is 0; pass distance_scale=<float>")
+            raise ValueError(
+                "smc_abc: the median prior-predictive distance to y is 0; pass distance_scale=<float>"
+            )
         return scale
 
 

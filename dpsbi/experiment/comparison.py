@@ -34,7 +34,9 @@ def compare(root: str | Path) -> list[dict]:
         raise FileNotFoundError(f"no finished runs (summary.json) below {root}")
     write_rows(root / "comparison", rows)
     comparison_plot(rows, METRICS, root / "comparison.png")
-    print(f"\n{format_table(rows, ('task', 'epsilon', 'reference', 'method', 'num_simulations', 'wall_time', *METRICS, 'run'))}")
+    print(
+        f"\n{format_table(rows, ('task', 'epsilon', 'reference', 'method', 'num_simulations', 'wall_time', *METRICS, 'run'))}"
+    )
     print(f"comparison: {root / 'comparison.png'}")
     return rows
 
@@ -52,4 +54,6 @@ class CompareCallback(Callback):
         failed = sorted(root.rglob(ERROR_FILE))
         if failed:
             lines = [f"  {path.parent.relative_to(root)}: {path.read_text().strip()}" for path in failed]
-            raise SystemExit(f"dpsbi-run: {len(failed)} job(s) of the sweep could not run:\n" + "\n".join(lines))
+            raise SystemExit(
+                f"dpsbi-run: {len(failed)} job(s) of the sweep could not run:\n" + "\n".join(lines)
+            )

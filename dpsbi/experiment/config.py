@@ -83,7 +83,9 @@ def build_task(task_config: dict) -> Task:
     except ValueError as error:
         raise ConfigError(f"{error} (on the command line: task.y_obs=simulate or task.y_obs=[...])") from None
     if task.y_obs is None:
-        raise ConfigError(f"task {name!r} has no observed release: set task.y_obs=simulate or task.y_obs=[...]")
+        raise ConfigError(
+            f"task {name!r} has no observed release: set task.y_obs=simulate or task.y_obs=[...]"
+        )
     return task
 
 
@@ -92,7 +94,9 @@ def merged(base: dict, override: dict) -> dict:
     the others)."""
     out = dict(base)
     for key, value in override.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out
 
 
@@ -100,7 +104,10 @@ def method_settings(cfg: DictConfig, method: Method, base: dict, trainer: dict, 
     """Keywords for ``method``: its config ``base`` (without ``name``) merged with ``method_settings[name]``;
     a neural method's ``training`` takes the ``trainer`` group's Lightning settings unless it sets them, and
     the ``budget`` values that are set override the rest."""
-    settings = merged({k: v for k, v in base.items() if k != "name"}, _container(cfg.get("method_settings", {})).get(method.name, {}))
+    settings = merged(
+        {k: v for k, v in base.items() if k != "name"},
+        _container(cfg.get("method_settings", {})).get(method.name, {}),
+    )
     if not method.neural:
         return settings
     return merged(merged({"training": trainer}, settings), methods.budget_settings(method, budget))
@@ -109,7 +116,9 @@ def method_settings(cfg: DictConfig, method: Method, base: dict, trainer: dict, 
 def _method_config(name: str) -> dict:
     """The ``method/<name>.yaml`` config of a companion method."""
     if name not in methods.METHODS:
-        raise ConfigError(f"unknown companion method {name!r}; known methods: {', '.join(sorted(methods.METHODS))}")
+        raise ConfigError(
+            f"unknown companion method {name!r}; known methods: {', '.join(sorted(methods.METHODS))}"
+        )
     path = config_dir() / "method" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"companion {name!r} has no config file {path}")
@@ -123,7 +132,9 @@ def _trainer(cfg: DictConfig) -> tuple[dict, int | None]:
     if unknown:
         raise ConfigError(f"unknown trainer keys {sorted(unknown)}; known: {', '.join(TRAINER_KEYS)}")
     if trainer.get("accelerator") in ("cuda", "gpu") and not torch.cuda.is_available():
-        raise ConfigError("trainer.accelerator=cuda but no CUDA device is visible; use trainer=auto or trainer=cpu")
+        raise ConfigError(
+            "trainer.accelerator=cuda but no CUDA device is visible; use trainer=auto or trainer=cpu"
+        )
     threads = trainer.pop("threads", None)
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"trainer.threads must be a positive integer or null, got {threads!r}")
@@ -146,7 +157,9 @@ def _check_evaluation(cfg: DictConfig) -> None:
     evaluation = cfg.evaluation
     unknown = set(evaluation.metrics) - set(METRICS)
     if unknown:
-        raise ConfigError(f"unknown metrics {sorted(unknown)} in evaluation.metrics; known: {', '.join(METRICS)}")
+        raise ConfigError(
+            f"unknown metrics {sorted(unknown)} in evaluation.metrics; known: {', '.join(METRICS)}"
+        )
     if int(evaluation.num_samples) < 10:
         raise ConfigError(f"evaluation.num_samples must be >= 10, got {evaluation.num_samples}")
     if int(cfg.reference.num_samples) < 10:
@@ -169,7 +182,9 @@ def plan(cfg: DictConfig) -> Plan:
     budget = _budget(cfg)
     unknown = set(_container(cfg.get("method_settings", {}))) - set(methods.METHODS)
     if unknown:
-        raise ConfigError(f"method_settings names unknown methods {sorted(unknown)}; known: {', '.join(sorted(methods.METHODS))}")
+        raise ConfigError(
+            f"method_settings names unknown methods {sorted(unknown)}; known: {', '.join(sorted(methods.METHODS))}"
+        )
     task_config = _container(cfg.task)
     task = build_task(task_config)
     main = _container(cfg.method)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -72,7 +73,9 @@ def _exponential_family(task: Task) -> None:
 
     task.require_mechanism_release("mcem")
     if task.name not in FAMILIES:
-        raise ValueError(f"mcem needs a complete-data exponential family, registered for tasks {sorted(FAMILIES)}; got task {task.name!r}")
+        raise ValueError(
+            f"mcem needs a complete-data exponential family, registered for tasks {sorted(FAMILIES)}; got task {task.name!r}"
+        )
 
 
 def normal_approximation(result, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
@@ -118,15 +121,28 @@ METHODS: dict[str, Method] = {
         Method("sppe", "dpsbi.inference:SPPE", neural=True),
         Method("sple", "dpsbi.inference:SPLE", neural=True),
         Method("naive_npe", "dpsbi.inference:NaiveNPE", neural=True, preflight=_release_shaped_like_summary),
-        Method("rejection_abc", "dpsbi.baselines.exact_abc:rejection_abc", preflight=_mechanism_density("rejection_abc")),
+        Method(
+            "rejection_abc",
+            "dpsbi.baselines.exact_abc:rejection_abc",
+            preflight=_mechanism_density("rejection_abc"),
+        ),
         Method("abc_is", "dpsbi.baselines.exact_abc:abc_is", preflight=_mechanism_density("abc_is")),
         Method("smc_abc", "dpsbi.baselines.smc_abc:smc_abc"),
-        Method("abcdp", "dpsbi.baselines.abcdp:abcdp", preflight=_confidential_summary, seed_argument="generator"),
+        Method(
+            "abcdp", "dpsbi.baselines.abcdp:abcdp", preflight=_confidential_summary, seed_argument="generator"
+        ),
         Method("mh_clt", "dpsbi.baselines.mcmc_clt:mh_clt", preflight=_clt_model, seed_argument="generator"),
-        Method("pmmh", "dpsbi.baselines.pmmh:pmmh", preflight=_mechanism_density("pmmh"), seed_argument="generator"),
+        Method(
+            "pmmh",
+            "dpsbi.baselines.pmmh:pmmh",
+            preflight=_mechanism_density("pmmh"),
+            seed_argument="generator",
+        ),
         Method("mhaar", "dpsbi.baselines.mhaar:mhaar", preflight=_latent_model, seed_argument="generator"),
         Method("da_mcmc", "dpsbi.baselines.da_mcmc:da_mcmc", preflight=_record_likelihood),
-        Method("mcem", "dpsbi.baselines.mcem:mcem", preflight=_exponential_family, draws=normal_approximation),
+        Method(
+            "mcem", "dpsbi.baselines.mcem:mcem", preflight=_exponential_family, draws=normal_approximation
+        ),
     ]
 }
 
@@ -146,13 +162,31 @@ def baseline_draws(result, num_samples: int, generator: torch.Generator | None =
     samples = result.samples
     if samples.shape[0] <= num_samples:
         return samples
-    index = torch.randperm(samples.shape[0], generator=generator, device=generator.device if generator else None)
+    index = torch.randperm(
+        samples.shape[0], generator=generator, device=generator.device if generator else None
+    )
     return samples[index[:num_samples].to(samples.device)]
 
 
-def _estimator(method: Method, task: Task, settings: dict, *, seed: int, checkpoint_dir: str | None, progress: bool, on_round_end=None):
+def _estimator(
+    method: Method,
+    task: Task,
+    settings: dict,
+    *,
+    seed: int,
+    checkpoint_dir: str | None,
+    progress: bool,
+    on_round_end=None,
+):
     """The (not yet run) estimator of neural ``method`` with keyword ``settings``."""
-    return method.load()(task, **settings, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=on_round_end)
+    return method.load()(
+        task,
+        **settings,
+        seed=seed,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        on_round_end=on_round_end,
+    )
 
 
 def budget_settings(method: Method, budget: dict) -> dict:
@@ -187,7 +221,9 @@ def check_settings(method: Method, task: Task, settings: dict, seed: int) -> Non
     try:
         signature.bind(task, **_baseline_arguments(method, settings, seed, False))
     except TypeError as error:
-        taken = [name for name in list(signature.parameters)[1:] if name not in (method.seed_argument, "progress")]
+        taken = [
+            name for name in list(signature.parameters)[1:] if name not in (method.seed_argument, "progress")
+        ]
         raise TypeError(f"{error}; it takes {', '.join(taken)}") from None
 
 
@@ -210,7 +246,15 @@ def fit(
         def round_end(index: int, posterior, num_simulations: int) -> None:  # estimators count rounds from 0
             on_round(index + 1, posterior.sample((num_samples,), seed=seed), num_simulations, posterior)
 
-        return _estimator(method, task, settings, seed=seed, checkpoint_dir=checkpoint_dir, progress=progress, on_round_end=round_end).run()
+        return _estimator(
+            method,
+            task,
+            settings,
+            seed=seed,
+            checkpoint_dir=checkpoint_dir,
+            progress=progress,
+            on_round_end=round_end,
+        ).run()
     result = method.load()(task, **_baseline_arguments(method, settings, seed, progress))
     draws = (method.draws or baseline_draws)(result, num_samples, torch.Generator().manual_seed(seed))
     on_round(1, draws, result.num_simulations, result)

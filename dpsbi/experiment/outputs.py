@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -15,7 +15,19 @@ from torch import Tensor
 from ..files import atomic_write, atomic_write_text
 
 #: Columns of the summary table, in order (missing ones are left out).
-SUMMARY_COLUMNS = ("task", "epsilon", "reference", "method", "round", "num_simulations", "wall_time", "c2st", "mmd", "nlog", "lmd")
+SUMMARY_COLUMNS = (
+    "task",
+    "epsilon",
+    "reference",
+    "method",
+    "round",
+    "num_simulations",
+    "wall_time",
+    "c2st",
+    "mmd",
+    "nlog",
+    "lmd",
+)
 
 
 def write_draws(path: Path, draws: Tensor, names: Sequence[str]) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from matplotlib.figure import Figure
@@ -20,13 +20,19 @@ def _marginals(ax, values: dict[str, Tensor], colors: dict[str, str], reference:
     pooled = torch.cat(list(values.values()))
     bins = torch.linspace(float(pooled.min()), float(pooled.max()) + 1e-9, 41).numpy()
     for label, v in values.items():
-        heights, _, _ = ax.hist(v.numpy(), bins=bins, density=True, histtype="step", color=colors[label], label=label)
+        heights, _, _ = ax.hist(
+            v.numpy(), bins=bins, density=True, histtype="step", color=colors[label], label=label
+        )
         if label == reference:
             ax.set_ylim(0, 1.5 * float(heights.max()))
 
 
 def pair_plot(
-    draws: dict[str, Tensor], names: Sequence[str], path: Path, truth: Tensor | None = None, reference: str | None = "reference"
+    draws: dict[str, Tensor],
+    names: Sequence[str],
+    path: Path,
+    truth: Tensor | None = None,
+    reference: str | None = "reference",
 ) -> None:
     """Pair plot of several sample sets ``{label: (n, d)}``: marginal histograms on the diagonal, scatter
     plots below it, the true parameter ``truth (1, d)`` as lines and a star. The diagonal's height is set by
@@ -57,7 +63,9 @@ def pair_plot(
             ax.set_xlabel(names[j] if i == d - 1 else "")
             ax.set_ylabel(names[i] if j == 0 and i > 0 else "")
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right" if d > 1 else "upper center", ncols=1 if d > 1 else len(labels))
+    fig.legend(
+        handles, labels, loc="upper right" if d > 1 else "upper center", ncols=1 if d > 1 else len(labels)
+    )
     fig.tight_layout(rect=(0, 0, 1, 1 if d > 1 else 0.88))
     fig.savefig(path, dpi=110)
 
@@ -109,7 +117,9 @@ def comparison_plot(rows: list[dict], metrics: Sequence[str], path: Path) -> Non
         for m, metric in enumerate(metrics):
             ax = axes[t, m]
             for i, (method, points) in enumerate(by_method.items()):
-                points = sorted((p for p in points if p.get(metric) is not None), key=lambda p: p.get("epsilon") or 0)
+                points = sorted(
+                    (p for p in points if p.get(metric) is not None), key=lambda p: p.get("epsilon") or 0
+                )
                 if len(epsilons) > 1:
                     ax.plot([p["epsilon"] for p in points], [p[metric] for p in points], "o-", label=method)
                 else:

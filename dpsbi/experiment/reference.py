@@ -14,13 +14,19 @@ import contextlib
 import hashlib
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
-from torch.distributions import Categorical, Distribution, MixtureSameFamily, MultivariateNormal, TransformedDistribution
+from torch.distributions import (
+    Categorical,
+    Distribution,
+    MixtureSameFamily,
+    MultivariateNormal,
+    TransformedDistribution,
+)
 
 from ..files import CorruptFileError, atomic_write_text, exclusive, load_sealed, save_sealed
 from ..tasks import Task
@@ -64,14 +70,18 @@ def _rejection(task: Task, num_samples: int, settings: dict, seed: int, progress
     if rate * int(settings["max_simulations"]) < 1.2 * num_samples:
         return None
     try:
-        result = rejection_abc(task, num_samples, max_simulations=int(settings["max_simulations"]), seed=seed, progress=progress)
+        result = rejection_abc(
+            task, num_samples, max_simulations=int(settings["max_simulations"]), seed=seed, progress=progress
+        )
     except SimulationBudgetExceeded:
         return None
     note = f"exact rejection ABC with the mechanism as kernel (acceptance rate {result.info['acceptance_rate']:.3g})"
     return Reference(result.samples, "rejection", True, note, result.num_simulations)
 
 
-def unconstrained_moments(task: Task, samples: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def unconstrained_moments(
+    task: Task, samples: Tensor, weights: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Weighted draws ``samples (n, dim_theta)`` in the task's unconstrained space, in float64: the points
     ``z (n, dim)``, the normalised weights ``(n,)``, and their weighted mean ``(dim,)`` and covariance ``(dim, dim)``."""
     z = task.transform.inv(samples).double()
@@ -88,12 +98,18 @@ def defensive_proposal(task: Task, samples: Tensor, weights: Tensor) -> Distribu
     z, _, mean, cov = unconstrained_moments(task, samples, weights)
     cov = cov + 1e-9 * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
     tril = torch.linalg.cholesky(cov).to(samples.dtype)
-    components = MultivariateNormal(mean.to(samples.dtype).expand(2, -1), scale_tril=torch.stack([1.5 * tril, 3.0 * tril]))
-    mixture = MixtureSameFamily(Categorical(torch.tensor([0.8, 0.2], dtype=samples.dtype, device=z.device)), components)
+    components = MultivariateNormal(
+        mean.to(samples.dtype).expand(2, -1), scale_tril=torch.stack([1.5 * tril, 3.0 * tril])
+    )
+    mixture = MixtureSameFamily(
+        Categorical(torch.tensor([0.8, 0.2], dtype=samples.dtype, device=z.device)), components
+    )
     return TransformedDistribution(mixture, [task.transform])
 
 
-def smoothed_resample(task: Task, samples: Tensor, weights: Tensor, n: int, generator: torch.Generator) -> tuple[Tensor, float]:
+def smoothed_resample(
+    task: Task, samples: Tensor, weights: Tensor, n: int, generator: torch.Generator
+) -> tuple[Tensor, float]:
     """``n`` unweighted draws ``(n, dim_theta)`` from weighted ``samples (N, dim_theta)`` without repeated points,
     and the bandwidth ``h``: Liu and West's (2001) shrunk kernel resampling in the task's unconstrained space,
     ``a z_i + (1 - a) m + h C^{1/2} e`` with ``i`` drawn by weight, ``a = sqrt(1 - h^2)``, ``(m, C)`` the weighted
@@ -121,8 +137,20 @@ def _importance(task: Task, num_samples: int, settings: dict, seed: int, progres
     with warnings.catch_warnings():  # a degenerate pilot only makes the first proposal worse
         warnings.simplefilter("ignore", RuntimeWarning)
         pilot = smc_abc(task, num_particles=particles, kernel="mechanism", seed=seed, progress=progress)
-    refit = abc_is(task, max(draws // 10, particles), defensive_proposal(task, pilot.samples, pilot.weights), seed=seed + 1, progress=progress)
-    result = abc_is(task, draws, proposal=defensive_proposal(task, refit.samples, refit.weights), seed=seed + 2, progress=progress)
+    refit = abc_is(
+        task,
+        max(draws // 10, particles),
+        defensive_proposal(task, pilot.samples, pilot.weights),
+        seed=seed + 1,
+        progress=progress,
+    )
+    result = abc_is(
+        task,
+        draws,
+        proposal=defensive_proposal(task, refit.samples, refit.weights),
+        seed=seed + 2,
+        progress=progress,
+    )
     samples = baseline_draws(result, num_samples, torch.Generator().manual_seed(seed))
     note = (
         f"APPROXIMATE: self-normalised importance sampling of the exact private posterior (mechanism as kernel), "
@@ -147,22 +175,33 @@ def _stored(task: Task, num_samples: int) -> Reference | None:
         return None
     draws, provenance = found
     if draws.shape[0] < num_samples:
-        warnings.warn(f"the stored reference for {task.name} holds {draws.shape[0]} draws, fewer than the {num_samples} asked for; using them all", stacklevel=3)
+        warnings.warn(
+            f"the stored reference for {task.name} holds {draws.shape[0]} draws, fewer than the {num_samples} asked for; using them all",
+            stacklevel=3,
+        )
     note = f"stored reference ({provenance['method']}; ESS {provenance['ess']:.0f} of {provenance['importance_draws']} draws; made by: {provenance['command']})"
     return Reference(draws[:num_samples], "stored", False, note, int(provenance["importance_draws"]))
 
 
 def _cache_path(cache_dir: Path, task: Task, task_config: dict, key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps({**key, "task": task_config}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        json.dumps({**key, "task": task_config}, sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
     epsilon = "none" if task.epsilon is None else f"{task.epsilon:g}"
     return cache_dir / task.name / f"eps{epsilon}" / f"{digest}.pt"
 
 
-def _sampled(task: Task, method: str, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference:
+def _sampled(
+    task: Task, method: str, num_samples: int, settings: dict, seed: int, progress: bool
+) -> Reference:
     """A simulated reference: exact rejection ABC (``auto`` when it fits, ``rejection``), else importance sampling."""
-    reference = _rejection(task, num_samples, settings, seed, progress) if method in ("auto", "rejection") else None
+    reference = (
+        _rejection(task, num_samples, settings, seed, progress) if method in ("auto", "rejection") else None
+    )
     if reference is None and method == "rejection":
-        raise ValueError(f"exact rejection ABC at this release needs more than reference.max_simulations={settings['max_simulations']}")
+        raise ValueError(
+            f"exact rejection ABC at this release needs more than reference.max_simulations={settings['max_simulations']}"
+        )
     if reference is None:
         reference = _importance(task, num_samples, settings, seed, progress)
     return reference
@@ -185,7 +224,9 @@ def _store(path: Path, key: dict, reference: Reference) -> None:
     """Cache ``reference`` at ``path`` (sealed: checksummed, written atomically) with its readable key and
     provenance in ``path.json``."""
     save_sealed({"samples": reference.samples.cpu(), "provenance": json.dumps(reference.describe())}, path)
-    atomic_write_text(path.with_suffix(".json"), json.dumps({**key, **reference.describe()}, indent=2, default=str))
+    atomic_write_text(
+        path.with_suffix(".json"), json.dumps({**key, **reference.describe()}, indent=2, default=str)
+    )
 
 
 def _os_error(action: Callable[[], object]) -> OSError | None:
@@ -203,14 +244,19 @@ def _cached(path: Path, key: dict, compute: Callable[[], Reference]) -> Referenc
     A damaged entry is recomputed and replaced; a cache that cannot be written (no lock, no write) gives the
     computed reference with a warning naming its directory."""
     with contextlib.ExitStack() as stack:
-        problem = _os_error(lambda: stack.enter_context(exclusive(path.with_suffix(".lock"), f"reference cache entry {path}")))
+        problem = _os_error(
+            lambda: stack.enter_context(exclusive(path.with_suffix(".lock"), f"reference cache entry {path}"))
+        )
         stored = _load(path)
         if stored is not None:
             return stored
         reference = compute()
         problem = problem or _os_error(lambda: _store(path, key, reference))
         if problem is not None:
-            warnings.warn(f"reference cache {path.parent} is not writable ({problem}); this reference was not cached", stacklevel=3)
+            warnings.warn(
+                f"reference cache {path.parent} is not writable ({problem}); this reference was not cached",
+                stacklevel=3,
+            )
         return reference
 
 
@@ -233,9 +279,17 @@ def reference_posterior(
     """
     if method not in KINDS:
         raise ValueError(f"reference.method must be one of {KINDS}, got {method!r}")
-    if method == "none" or (method == "auto" and not task.release_from_mechanism and task.exact_posterior is None):
-        why = "reference.method=none" if method == "none" else "the observed data are not a release of the mechanism"
-        return Reference(None, "none", False, f"no reference posterior ({why}): C2ST and MMD are not computed")
+    if method == "none" or (
+        method == "auto" and not task.release_from_mechanism and task.exact_posterior is None
+    ):
+        why = (
+            "reference.method=none"
+            if method == "none"
+            else "the observed data are not a release of the mechanism"
+        )
+        return Reference(
+            None, "none", False, f"no reference posterior ({why}): C2ST and MMD are not computed"
+        )
     if method in ("auto", "closed_form") and task.exact_posterior is not None:
         return _closed_form(task, num_samples, seed)
     if method == "closed_form":
@@ -245,7 +299,9 @@ def reference_posterior(
         if stored is not None:
             return stored
         if method == "stored":
-            raise ValueError(f"no stored reference in {stored_references.STORE} matches task {task.name!r} (model, epsilon and release)")
+            raise ValueError(
+                f"no stored reference in {stored_references.STORE} matches task {task.name!r} (model, epsilon and release)"
+            )
     task.require_mechanism_release(f"reference.method={method}")
 
     def compute() -> Reference:
@@ -253,6 +309,12 @@ def reference_posterior(
 
     if not cache_dir:
         return compute()
-    key = {"y_obs": [round(v, 12) for v in task.y_obs.reshape(-1).tolist()], "method": method, "num_samples": num_samples, "seed": seed, **settings}
+    key = {
+        "y_obs": [round(v, 12) for v in task.y_obs.reshape(-1).tolist()],
+        "method": method,
+        "num_samples": num_samples,
+        "seed": seed,
+        **settings,
+    }
     path = _cache_path(Path(cache_dir).expanduser(), task, task_config, key)
     return _cached(path, {**key, "task": task_config}, compute)

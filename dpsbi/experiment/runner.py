@@ -28,9 +28,10 @@ import logging
 import shutil
 import time
 import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -41,7 +42,16 @@ from ..files import BusyError, atomic_save, atomic_write, atomic_write_text, exc
 from ..inference import load_posterior
 from ..tasks import Task
 from . import config, methods
-from .outputs import format_table, legend, read_draws, read_json, read_rows, write_draws, write_json, write_rows
+from .outputs import (
+    format_table,
+    legend,
+    read_draws,
+    read_json,
+    read_rows,
+    write_draws,
+    write_json,
+    write_rows,
+)
 from .plots import metrics_plot, pair_plot
 from .reference import Reference, reference_posterior
 
@@ -73,8 +83,12 @@ class Scorer:
         available = {
             "c2st": (lambda: metrics.c2st(draws, ref, seed=self.seed)) if ref is not None else None,
             "mmd": (lambda: metrics.mmd(draws, ref)) if ref is not None else None,
-            "nlog": (lambda: metrics.nlog(draws, self.task.true_theta, self.task.transform)) if self.task.true_theta is not None else None,
-            "lmd": lambda: metrics.lmd(self.task, draws[: self.lmd_draws], generator=torch.Generator().manual_seed(self.seed)),
+            "nlog": (lambda: metrics.nlog(draws, self.task.true_theta, self.task.transform))
+            if self.task.true_theta is not None
+            else None,
+            "lmd": lambda: metrics.lmd(
+                self.task, draws[: self.lmd_draws], generator=torch.Generator().manual_seed(self.seed)
+            ),
         }
         scores = {}
         for name in self.metrics:
@@ -82,8 +96,11 @@ class Scorer:
                 continue
             try:
                 scores[name] = available[name]()
-            except (ValueError, RuntimeError) as error:  # e.g. draws outside the prior's support: keep the run
-                warnings.warn(f"{name} could not be computed: {error}")
+            except (
+                ValueError,
+                RuntimeError,
+            ) as error:  # e.g. draws outside the prior's support: keep the run
+                warnings.warn(f"{name} could not be computed: {error}", stacklevel=2)
                 scores[name] = None
         return scores
 
@@ -111,7 +128,9 @@ def _restore_scored_checkpoint(checkpoints: Path) -> None:
         (checkpoints / CHECKPOINT).unlink(missing_ok=True)
 
 
-def _fit_and_score(method: methods.Method, settings: dict, plan: config.Plan, cfg: DictConfig, directory: Path, score: Scorer):
+def _fit_and_score(
+    method: methods.Method, settings: dict, plan: config.Plan, cfg: DictConfig, directory: Path, score: Scorer
+):
     """Fit one method, writing a checkpoint, draws and a metric row per round, resuming after the rows in
     ``rounds.json``. Returns all its rows, the final draws ``(n, dim_theta)`` and the final state."""
     task, names, checkpoints = plan.task, plan.task.parameter_names, directory / "checkpoints"
@@ -129,9 +148,21 @@ def _fit_and_score(method: methods.Method, settings: dict, plan: config.Plan, cf
         elapsed = resumed + tic - start - scoring
         save_state(state, directory / "rounds" / f"round_{index:02d}.pt")
         write_draws(directory / f"samples_round_{index:02d}.csv", draws, names)
-        row = {"task": task.name, "epsilon": task.epsilon, "method": method.name, "round": index,
-               "num_simulations": int(num_simulations), "wall_time": elapsed, **score(draws)}
-        log.info("%s round %d: %s", method.name, index, ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("task", "method", "round")))
+        row = {
+            "task": task.name,
+            "epsilon": task.epsilon,
+            "method": method.name,
+            "round": index,
+            "num_simulations": int(num_simulations),
+            "wall_time": elapsed,
+            **score(draws),
+        }
+        log.info(
+            "%s round %d: %s",
+            method.name,
+            index,
+            ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("task", "method", "round")),
+        )
         rows = earlier + [row]
         write_json(directory / ROWS, rows)
         if method.neural:
@@ -139,19 +170,29 @@ def _fit_and_score(method: methods.Method, settings: dict, plan: config.Plan, cf
         scoring += time.perf_counter() - tic
 
     state = methods.fit(
-        method, task, settings, seed=int(cfg.seed), num_samples=int(cfg.evaluation.num_samples),
-        checkpoint_dir=str(checkpoints), progress=bool(cfg.progress), on_round=on_round,
+        method,
+        task,
+        settings,
+        seed=int(cfg.seed),
+        num_samples=int(cfg.evaluation.num_samples),
+        checkpoint_dir=str(checkpoints),
+        progress=bool(cfg.progress),
+        on_round=on_round,
     )
     if not rows:
         raise RuntimeError(f"{method.name} finished without reporting a round (on_round_end never called)")
     draws, _ = read_draws(directory / f"samples_round_{rows[-1]['round']:02d}.csv")
     save_state(state, directory / ("posterior.pt" if method.neural else "result.pt"))
     write_draws(directory / "samples.csv", draws, names)
-    atomic_write_text(directory / COMPLETE, "complete: posterior.pt or result.pt, samples.csv and rounds.json are final\n")
+    atomic_write_text(
+        directory / COMPLETE, "complete: posterior.pt or result.pt, samples.csv and rounds.json are final\n"
+    )
     return rows, draws, state
 
 
-def _method_result(method: methods.Method, settings: dict, plan: config.Plan, cfg: DictConfig, directory: Path, score: Scorer):
+def _method_result(
+    method: methods.Method, settings: dict, plan: config.Plan, cfg: DictConfig, directory: Path, score: Scorer
+):
     """A method's rows, final draws and final state: read back (state ``None``) when ``directory`` is
     complete, else fitted by :func:`_fit_and_score`."""
     if (directory / COMPLETE).is_file():
@@ -196,7 +237,9 @@ def _claim(out: Path) -> Iterator[None]:
         try:
             stack.enter_context(exclusive(out / ".lock", f"run directory {out}", timeout=0))
         except BusyError:
-            raise BusyError(f"another dpsbi-run is writing to {out}; wait for it to end or choose another directory") from None
+            raise BusyError(
+                f"another dpsbi-run is writing to {out}; wait for it to end or choose another directory"
+            ) from None
         yield
 
 
@@ -206,17 +249,27 @@ def _finished(out: Path, cfg: DictConfig) -> list[dict] | None:
     holds a run of another config."""
     if not (out / "config.yaml").is_file():
         return None
-    differ = _config_differences(OmegaConf.to_container(OmegaConf.load(out / "config.yaml")), OmegaConf.to_container(cfg, resolve=True))
+    differ = _config_differences(
+        OmegaConf.to_container(OmegaConf.load(out / "config.yaml")), OmegaConf.to_container(cfg, resolve=True)
+    )
     if differ:
-        raise config.ConfigError(f"{out} holds a run of another config ({'; '.join(differ)}); use another directory, or the same settings to resume it")
+        raise config.ConfigError(
+            f"{out} holds a run of another config ({'; '.join(differ)}); use another directory, or the same settings to resume it"
+        )
     if not (out / "summary.json").is_file():
         return None
     stored = read_json(out / "summary.json")
-    _print_summary(stored["runs"], stored["reference"]["note"], f"{out}: already finished with this config; nothing recomputed")
+    _print_summary(
+        stored["runs"],
+        stored["reference"]["note"],
+        f"{out}: already finished with this config; nothing recomputed",
+    )
     return stored["runs"]
 
 
-def run_experiment(cfg: DictConfig, output_dir: str | Path, records: Mapping[str, str] | None = None) -> list[dict]:
+def run_experiment(
+    cfg: DictConfig, output_dir: str | Path, records: Mapping[str, str] | None = None
+) -> list[dict]:
     """Run the experiment that config ``cfg`` (composed from ``configs/``) describes, writing into
     ``output_dir`` (and the text ``records``, relative path -> content, such as Hydra's); returns the summary:
     the final metric row of each method.
@@ -243,7 +296,9 @@ def _run(cfg: DictConfig, plan: config.Plan, out: Path, records: Mapping[str, st
         atomic_write_text(out / name, text)
     evaluation = cfg.evaluation
     settings = OmegaConf.to_container(cfg.reference, resolve=True)
-    reference = reference_posterior(task, plan.task_config, seed=int(cfg.seed), progress=bool(cfg.progress), **settings)
+    reference = reference_posterior(
+        task, plan.task_config, seed=int(cfg.seed), progress=bool(cfg.progress), **settings
+    )
     log.info("reference: %s", reference.note)
     write_json(out / "reference.json", reference.describe())
     if reference.samples is not None:
@@ -252,13 +307,20 @@ def _run(cfg: DictConfig, plan: config.Plan, out: Path, records: Mapping[str, st
     rows, summary, finals = [], [], {}
     for method, method_settings in plan.methods:
         directory = out / method.name
-        method_rows, finals[method.name], state = _method_result(method, method_settings, plan, cfg, directory, score)
+        method_rows, finals[method.name], state = _method_result(
+            method, method_settings, plan, cfg, directory, score
+        )
         rows += method_rows
         final = {**method_rows[-1], "reference": reference.kind}
         if method.neural and int(evaluation.calibration_runs) > 0:
             state = state if state is not None else load_posterior(directory / "posterior.pt", task=task)
             final["calibration"] = metrics.calibration(
-                state, task, int(evaluation.calibration_runs), int(evaluation.calibration_samples), int(cfg.seed), bool(cfg.progress)
+                state,
+                task,
+                int(evaluation.calibration_runs),
+                int(evaluation.calibration_samples),
+                int(cfg.seed),
+                bool(cfg.progress),
             )
         summary.append(final)
     write_rows(out / "metrics", rows)

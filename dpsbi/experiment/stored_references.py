@@ -49,7 +49,14 @@ def write(stem: str, task: Task, draws: torch.Tensor, provenance: dict, store: P
     the CSV's checksum) as ``.json``."""
     store.mkdir(parents=True, exist_ok=True)
     buffer = io.StringIO()
-    np.savetxt(buffer, draws.double().cpu().numpy(), fmt="%.9g", delimiter=",", header=",".join(task.parameter_names), comments="")
+    np.savetxt(
+        buffer,
+        draws.double().cpu().numpy(),
+        fmt="%.9g",
+        delimiter=",",
+        header=",".join(task.parameter_names),
+        comments="",
+    )
     text = buffer.getvalue()
     record = {
         "task": {"name": task.spec["name"], "kwargs": model_kwargs(task)},
@@ -71,7 +78,9 @@ def provenance_of(csv: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CorruptFileError(f"stored reference provenance {path} cannot be read ({error}): refusing the entry") from None
+        raise CorruptFileError(
+            f"stored reference provenance {path} cannot be read ({error}): refusing the entry"
+        ) from None
 
 
 def read(csv: Path, provenance: dict | None = None) -> tuple[torch.Tensor, dict]:
@@ -81,10 +90,16 @@ def read(csv: Path, provenance: dict | None = None) -> tuple[torch.Tensor, dict]
     provenance = provenance_of(csv) if provenance is None else provenance
     text = csv.read_text()
     if hashlib.sha256(text.encode()).hexdigest() != provenance["sha256"]:
-        raise CorruptFileError(f"stored reference {csv} does not match the checksum in {csv.with_suffix('.json').name}: refusing it")
-    draws = torch.as_tensor(np.loadtxt(io.StringIO(text), delimiter=",", skiprows=1, ndmin=2), dtype=torch.get_default_dtype())
+        raise CorruptFileError(
+            f"stored reference {csv} does not match the checksum in {csv.with_suffix('.json').name}: refusing it"
+        )
+    draws = torch.as_tensor(
+        np.loadtxt(io.StringIO(text), delimiter=",", skiprows=1, ndmin=2), dtype=torch.get_default_dtype()
+    )
     if tuple(draws.shape) != (provenance["num_draws"], len(provenance["parameter_names"])):
-        raise CorruptFileError(f"stored reference {csv} has shape {tuple(draws.shape)}, its provenance says {provenance['num_draws']} draws")
+        raise CorruptFileError(
+            f"stored reference {csv} has shape {tuple(draws.shape)}, its provenance says {provenance['num_draws']} draws"
+        )
     return draws, provenance
 
 

@@ -10,8 +10,9 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -38,7 +39,13 @@ RoundCallback = Callable[[int, Posterior, int], None]
 
 #: The main paper's training (DESIGN.md): Adam at a constant 5e-4, early stopping after 20 epochs without
 #: improvement of the validation loss, no epoch or step limit (see :meth:`SequentialEstimator.paper`).
-PAPER_TRAINING = {"lr": 5e-4, "lr_schedule": "constant", "patience": 20, "max_epochs": None, "max_steps": None}
+PAPER_TRAINING = {
+    "lr": 5e-4,
+    "lr_schedule": "constant",
+    "patience": 20,
+    "max_epochs": None,
+    "max_steps": None,
+}
 
 
 def unexpected_keywords(estimator: str, keywords: dict) -> str:
@@ -46,7 +53,9 @@ def unexpected_keywords(estimator: str, keywords: dict) -> str:
     training = {k: v for k, v in keywords.items() if k in TrainingSettings.field_names()}
     message = f"{estimator} got unexpected keyword arguments {sorted(keywords)}"
     if training:
-        message += f"; training settings go in training=dict({', '.join(f'{k}={v!r}' for k, v in training.items())})"
+        message += (
+            f"; training settings go in training=dict({', '.join(f'{k}={v!r}' for k, v in training.items())})"
+        )
     return message
 
 
@@ -80,7 +89,7 @@ class SequentialEstimator(abc.ABC):
     paper_settings: ClassVar[dict] = {"rounds": 10, "sims_per_round": 1000, "inner_samples": 32, "qmc": True}
 
     @classmethod
-    def paper(cls, task: Task, **kwargs) -> "SequentialEstimator":
+    def paper(cls, task: Task, **kwargs) -> SequentialEstimator:
         """The estimator with the main paper's settings exactly (:attr:`paper_settings`, :data:`PAPER_TRAINING`);
         ``kwargs`` override them, a ``training`` dict key by key (``training=dict(accelerator="gpu")``).
 
@@ -117,7 +126,9 @@ class SequentialEstimator(abc.ABC):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
         self.settings = TrainingSettings.coerce(training, self.training_defaults)
         if round(self.settings.validation_fraction * sims_per_round) >= sims_per_round:
-            raise ValueError(f"validation_fraction={self.settings.validation_fraction} leaves no training data of {sims_per_round} simulations")
+            raise ValueError(
+                f"validation_fraction={self.settings.validation_fraction} leaves no training data of {sims_per_round} simulations"
+            )
         task.validate()
         if rounds > 1 and task.y_obs is None:
             raise ValueError(f"sequential rounds propose at task.y_obs, but task {task.name!r} has none")
@@ -169,7 +180,15 @@ class SequentialEstimator(abc.ABC):
     def run(self) -> Posterior:
         """Train the remaining rounds and return the final posterior. While it runs, ``checkpoint_dir`` is
         locked: a second estimator writing there fails at once instead of mixing the two runs."""
-        lock = exclusive(self.checkpoint_path.with_suffix(".lock"), f"checkpoint directory {self.checkpoint_path.parent}", timeout=0) if self.checkpoint_path else contextlib.nullcontext()
+        lock = (
+            exclusive(
+                self.checkpoint_path.with_suffix(".lock"),
+                f"checkpoint directory {self.checkpoint_path.parent}",
+                timeout=0,
+            )
+            if self.checkpoint_path
+            else contextlib.nullcontext()
+        )
         with lock:
             return self._run()
 
@@ -177,21 +196,42 @@ class SequentialEstimator(abc.ABC):
         start = len(self.history) or self._resume()
         self._drop_pending_if_stored()
         posterior = self.posterior(start - 1) if start else None
-        for r in trange(start, self.rounds, desc=f"{self.method} rounds", disable=not self.progress or start >= self.rounds):
+        for r in trange(
+            start,
+            self.rounds,
+            desc=f"{self.method} rounds",
+            disable=not self.progress or start >= self.rounds,
+        ):
             began = time.perf_counter()
             self._simulate(r, posterior)
             if self.flow is None:
                 self.flow = self._build_flow()
             label = f"{self.method} round {r}"
-            fit = fit_flow(self.flow, self.loss(r), self._dataset(False), self._dataset(True), self.settings, derive_seed(self.seed, r, "fit"), self.progress, label)
+            fit = fit_flow(
+                self.flow,
+                self.loss(r),
+                self._dataset(False),
+                self._dataset(True),
+                self.settings,
+                derive_seed(self.seed, r, "fit"),
+                self.progress,
+                label,
+            )
             posterior = self.posterior(r)
-            self.history.append({"round": r, "num_simulations": self.num_simulations, "seconds": time.perf_counter() - began, **fit})
+            self.history.append(
+                {
+                    "round": r,
+                    "num_simulations": self.num_simulations,
+                    "seconds": time.perf_counter() - began,
+                    **fit,
+                }
+            )
             self._save_checkpoint()
             if self.on_round_end is not None:
                 self.on_round_end(r, posterior, self.num_simulations)
         return posterior
 
-    def append_simulations(self, theta: Tensor, s) -> "SequentialEstimator":
+    def append_simulations(self, theta: Tensor, s) -> SequentialEstimator:
         """Hand the next round parameters ``theta (n, dim_theta)`` and their confidential summaries ``s (n,
         dim_s)`` (tensor or numpy array) simulated outside dpsbi (another program, a cluster job), used in
         place of ``task.simulate``. ``theta`` must be draws from that round's proposal, :meth:`propose`: the
@@ -217,16 +257,29 @@ class SequentialEstimator(abc.ABC):
         with their validation rows, added to the stored simulations."""
         if self.pending is not None:
             (theta, s), self.pending = self.pending, None
-            generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, r, "validation"))
+            generator = torch.Generator(device=theta.device).manual_seed(
+                derive_seed(self.seed, r, "validation")
+            )
         else:
             theta, s, generator = self._draw_and_simulate(r, posterior)
         n = theta.shape[0]
         validation = torch.zeros(n, dtype=torch.bool, device=theta.device)
-        validation[torch.randperm(n, generator=generator, device=theta.device)[: max(1, round(self.settings.validation_fraction * n))]] = True
-        new = {"theta": theta, "s": s, "round": torch.full((n,), r, device=theta.device), "validation": validation}
+        validation[
+            torch.randperm(n, generator=generator, device=theta.device)[
+                : max(1, round(self.settings.validation_fraction * n))
+            ]
+        ] = True
+        new = {
+            "theta": theta,
+            "s": s,
+            "round": torch.full((n,), r, device=theta.device),
+            "validation": validation,
+        }
         self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
 
-    def _draw_and_simulate(self, r: int, posterior: Posterior | None) -> tuple[Tensor, Tensor, torch.Generator]:
+    def _draw_and_simulate(
+        self, r: int, posterior: Posterior | None
+    ) -> tuple[Tensor, Tensor, torch.Generator]:
         """``sims_per_round`` parameters from the prior (no ``posterior`` yet) or the posterior at ``y_obs``, their
         simulated summaries, and the simulation's generator (it goes on to pick the validation rows), all
         seeded by ``(seed, r)``."""
@@ -236,7 +289,9 @@ class SequentialEstimator(abc.ABC):
                 torch.manual_seed(derive_seed(self.seed, r, "prior"))
                 theta = self.task.prior.sample((n,))
         else:
-            theta = self.proposal_draws(r, posterior, n, derive_seed(self.seed, r, "propose")).to(self.space.device)
+            theta = self.proposal_draws(r, posterior, n, derive_seed(self.seed, r, "propose")).to(
+                self.space.device
+            )
         generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, r, "simulate"))
         return theta, self.task.simulate(theta, generator), generator
 
@@ -292,7 +347,11 @@ class SequentialEstimator(abc.ABC):
         self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
         if self.probe is None:  # empty for a task without a simulator (all simulations appended)
             theta = self.data["theta"][:PROBE_ROWS]
-            self.probe = {"theta": theta.cpu(), "s": self._probe(theta).cpu()} if self.task.simulator is not None else {}
+            self.probe = (
+                {"theta": theta.cpu(), "s": self._probe(theta).cpu()}
+                if self.task.simulator is not None
+                else {}
+            )
         payload = {
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
@@ -317,9 +376,14 @@ class SequentialEstimator(abc.ABC):
             raise ValueError(f"{path} is not a dpsbi checkpoint of version {CHECKPOINT_VERSION}")
         stored = json.loads(payload["fingerprint"])
         current = self.fingerprint()
-        differ = differences({k: v for k, v in stored.items() if k not in RESUMABLE}, {k: v for k, v in current.items() if k not in RESUMABLE})
+        differ = differences(
+            {k: v for k, v in stored.items() if k not in RESUMABLE},
+            {k: v for k, v in current.items() if k not in RESUMABLE},
+        )
         if differ:
-            raise ValueError(f"{path} belongs to a different run ({'; '.join(differ)}); use another checkpoint_dir or the same settings")
+            raise ValueError(
+                f"{path} belongs to a different run ({'; '.join(differ)}); use another checkpoint_dir or the same settings"
+            )
         history = json.loads(payload["history"])
         if len(history) > self.rounds:
             raise ValueError(

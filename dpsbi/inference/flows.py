@@ -63,7 +63,7 @@ class ConditionalFlow(nn.Module):
         ).net
 
     @classmethod
-    def blank(cls, config: FlowConfig, dim: int, context_dim: int) -> "ConditionalFlow":
+    def blank(cls, config: FlowConfig, dim: int, context_dim: int) -> ConditionalFlow:
         """A flow of the right shape whose weights and z-scoring are to come from ``load_state_dict``."""
         inputs, context = torch.eye(2, dim), torch.eye(2, context_dim)
         return cls(config, inputs, context)

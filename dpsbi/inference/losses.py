@@ -40,7 +40,15 @@ def inner_releases(
     ``dequantize``: lattice releases spread over their cells (:func:`dequantized`), the cell offset taken from
     extra coordinates of the same RQMC point as the mechanism noise, so that one point set integrates both."""
     extra = mechanism.dim if dequantize else 0
-    u = uniforms(s.shape[0], inner_samples, mechanism.noise_dim + extra, qmc=qmc, generator=generator, device=s.device, dtype=s.dtype)
+    u = uniforms(
+        s.shape[0],
+        inner_samples,
+        mechanism.noise_dim + extra,
+        qmc=qmc,
+        generator=generator,
+        device=s.device,
+        dtype=s.dtype,
+    )
     y = mechanism.sample(s.unsqueeze(-2), u[..., : mechanism.noise_dim])
     return dequantized(y, mechanism, u[..., mechanism.noise_dim :]) if dequantize else y
 
@@ -80,7 +88,9 @@ def posterior_loss(
     if log_prior is None:
         raise ValueError("the atomic loss (atoms > 1) needs log_prior, the prior log density of every row")
     index = atom_indices(theta.shape[0], min(atoms, theta.shape[0]), generator, theta.device)  # (N, A)
-    logits = flow.log_prob(theta[index].unsqueeze(1), y.unsqueeze(2)) - log_prior[index].unsqueeze(1)  # (N, M, A)
+    logits = flow.log_prob(theta[index].unsqueeze(1), y.unsqueeze(2)) - log_prior[index].unsqueeze(
+        1
+    )  # (N, M, A)
     return _reduce(-torch.log_softmax(logits, dim=-1)[..., 0], reduction)
 
 
@@ -147,5 +157,14 @@ def loss_estimates(
     form) for the fixed pairs ``theta (N, d)``, ``s (N, dim_s)``, differing only in the mechanism noise.
     One batched call: the pairs are replicated ``repeats`` times, each copy with its own randomization."""
     with torch.no_grad():
-        rows = loss(flow, theta.repeat(repeats, 1), s.repeat(repeats, 1), mechanism, inner_samples, qmc, generator, reduction="none")
+        rows = loss(
+            flow,
+            theta.repeat(repeats, 1),
+            s.repeat(repeats, 1),
+            mechanism,
+            inner_samples,
+            qmc,
+            generator,
+            reduction="none",
+        )
     return rows.reshape(repeats, theta.shape[0]).mean(-1)

@@ -25,8 +25,9 @@ sampler became the default, kept so that they sample as they did.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -81,7 +82,9 @@ class MCMCConfig(Settings):
             raise ValueError(f"mcmc warmup must be >= 0, got {self.warmup}")
 
 
-def resample_init(candidates: Tensor, log_density: Tensor, num_chains: int, generator: torch.Generator | None) -> Tensor:
+def resample_init(
+    candidates: Tensor, log_density: Tensor, num_chains: int, generator: torch.Generator | None
+) -> Tensor:
     """``num_chains`` rows of ``candidates (K, d)`` drawn with probabilities ``softmax(log_density)``."""
     finite = torch.where(torch.isfinite(log_density), log_density, -math.inf)
     if not torch.isfinite(finite).any():
@@ -125,7 +128,13 @@ def slice_sample(
     draws, details = sampler(log_density, init, num_samples, config, seed, width, progress)  # (S, C, d)
     if info is not None:
         info.clear()
-        info.update(method=config.method, num_chains=init.shape[0], draws=draws, ess=effective_sample_size(draws), **details)
+        info.update(
+            method=config.method,
+            num_chains=init.shape[0],
+            draws=draws,
+            ess=effective_sample_size(draws),
+            **details,
+        )
     return draws.reshape(-1, init.shape[1])[:num_samples]
 
 
@@ -185,7 +194,9 @@ class _Counter:
         self.rows += x.shape[0]
         value = self.log_density(x)
         if value.shape != x.shape[:1]:
-            raise ValueError(f"log_density must map (n, d) to (n,), got {tuple(value.shape)} for {tuple(x.shape)}")
+            raise ValueError(
+                f"log_density must map (n, d) to (n,), got {tuple(value.shape)} for {tuple(x.shape)}"
+            )
         return torch.where(torch.isnan(value), -math.inf, value)
 
 
@@ -198,7 +209,7 @@ class _TFit:
     chol: Tensor
 
     @classmethod
-    def of(cls, states: Tensor, floor: Tensor) -> "_TFit":
+    def of(cls, states: Tensor, floor: Tensor) -> _TFit:
         mu = states.mean(0)
         centred = states - mu
         cov = centred.T @ centred / max(states.shape[0] - 1, 1)
@@ -254,7 +265,9 @@ def _gess_update(counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generat
         angles = lo_a[:, None] + (hi_a - lo_a)[:, None] * uniform(n, k)
         if round_index == 0:
             angles[:, 0] = angle  # the first proposal: the bracket's end (the same point as its start)
-        w = a[active, None, :] * angles.cos()[..., None] + b[active, None, :] * angles.sin()[..., None]  # (n, k, d)
+        w = (
+            a[active, None, :] * angles.cos()[..., None] + b[active, None, :] * angles.sin()[..., None]
+        )  # (n, k, d)
         proposals = fit.colour(w.reshape(n * k, dim))
         logp_prop = counter(proposals).reshape(n, k)
         ratio = logp_prop - _log_t(w.square().sum(-1), dim)

@@ -15,16 +15,17 @@ import json
 import math
 import os
 import warnings
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from .. import tasks
 from ..files import CorruptFileError, load_sealed, save_sealed
+from ..qmc import cell_points
 from ..tasks import Task
 from ..tasks.identity import differences, identity
-from ..qmc import cell_points
 from .flows import ConditionalFlow, FlowConfig
 from .losses import dequantized
 from .mcmc import MCMCConfig, resample_init, slice_sample
@@ -66,25 +67,33 @@ class Posterior(abc.ABC):
         return self._default_x if self._default_x is not None else self.task.y_obs
 
     @torch.no_grad()
-    def set_default_x(self, y: Tensor) -> "Posterior":
+    def set_default_x(self, y: Tensor) -> Posterior:
         """Use release ``y`` (``(dim_s,)`` or ``(1, dim_s)``, validated now) where no ``y`` is given; returns ``self``."""
         self._default_x = self._releases(y, single=True).cpu()
         return self
 
-    def to(self, device: torch.device | str) -> "Posterior":
+    def to(self, device: torch.device | str) -> Posterior:
         """Move the flow to ``device`` (in place); returns ``self``."""
         self.flow.to(device)
         return self
 
     @torch.no_grad()
-    def sample(self, sample_shape=(), y: Tensor | None = None, generator: torch.Generator | None = None, seed: int | None = None) -> Tensor:
+    def sample(
+        self,
+        sample_shape=(),
+        y: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> Tensor:
         """Draws ``sample_shape + (dim_theta,)`` at release ``y``; ``seed`` or ``generator`` fix them. Raises
         ``RuntimeError`` rather than return a NaN/inf draw."""
         y = self._releases(y, single=True)
         return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))[..., 0, :]
 
     @torch.no_grad()
-    def sample_batched(self, sample_shape, y: Tensor, generator: torch.Generator | None = None, seed: int | None = None) -> Tensor:
+    def sample_batched(
+        self, sample_shape, y: Tensor, generator: torch.Generator | None = None, seed: int | None = None
+    ) -> Tensor:
         """Draws ``sample_shape + (B, dim_theta)`` at each of the releases ``y (B, dim_s)``, independent across
         releases (sbi's ``sample_batched``); ``seed`` or ``generator`` fix them. With one release the draws
         are those of :meth:`sample` under the same seed. A :class:`FlowPosterior` maps all of them in one
@@ -105,18 +114,30 @@ class Posterior(abc.ABC):
         y = self._releases(y, single=False)
         theta = torch.as_tensor(theta)
         if theta.ndim < 2 or theta.shape[-2] != y.shape[0]:
-            raise ValueError(f"theta must have shape (..., {y.shape[0]}, {self.task.dim_theta}) for {y.shape[0]} releases, got {tuple(theta.shape)}")
+            raise ValueError(
+                f"theta must have shape (..., {y.shape[0]}, {self.task.dim_theta}) for {y.shape[0]} releases, got {tuple(theta.shape)}"
+            )
         return self._log_prob(theta, y)
 
     @torch.no_grad()
-    def map(self, y: Tensor | None = None, num_init: int = 1000, num_to_optimize: int = 10, steps: int = 200, lr: float = 0.05, seed: int | None = None) -> Tensor:
+    def map(
+        self,
+        y: Tensor | None = None,
+        num_init: int = 1000,
+        num_to_optimize: int = 10,
+        steps: int = 200,
+        lr: float = 0.05,
+        seed: int | None = None,
+    ) -> Tensor:
         """The posterior's mode ``(dim_theta,)`` at release ``y``, as sbi finds it: the ``num_to_optimize`` best of
         ``num_init`` posterior draws, each moved by ``steps`` Adam steps of rate ``lr`` up the log density (of
         ``theta``, in the prior's space) in the unconstrained space; the best point seen is returned.
         ``seed`` fixes the draws. The defaults take a few seconds on a CPU (sbi's, 100 points x 1000 steps at
         rate 0.01, took 40 s for a 2-parameter posterior)."""
         if min(num_init, num_to_optimize) < 1 or steps < 0 or not lr > 0:
-            raise ValueError(f"map needs num_init, num_to_optimize >= 1, steps >= 0 and lr > 0, got {num_init}, {num_to_optimize}, {steps}, {lr}")
+            raise ValueError(
+                f"map needs num_init, num_to_optimize >= 1, steps >= 0 and lr > 0, got {num_init}, {num_to_optimize}, {steps}, {lr}"
+            )
         y = self._releases(y, single=True)
         theta = self._draw(torch.Size((num_init,)), y, self._noise_generator(None, seed))[:, 0]
         z = self.space.to_z(theta[self._log_prob(theta, y).topk(min(num_to_optimize, num_init)).indices])
@@ -173,7 +194,9 @@ class Posterior(abc.ABC):
         demands exactly one. Warns where the posterior is not valid at a given release (:meth:`_caveat`)."""
         if y is None:
             if self.default_x is None:
-                raise ValueError(f"task {self.task.name!r} has no observed release; pass y= or call set_default_x")
+                raise ValueError(
+                    f"task {self.task.name!r} has no observed release; pass y= or call set_default_x"
+                )
             return self.task.check_release(self.default_x).to(self.device, torch.get_default_dtype())
         y = self.task.check_release(y)
         if single and y.shape[0] != 1:
@@ -212,7 +235,11 @@ class Posterior(abc.ABC):
             "identity": identity(self.task),
             "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
             "default_x": None if self._default_x is None else self._default_x.tolist(),
-            "flow": {"config": self.flow.config.to_dict(), "dim": self.flow.dim, "context_dim": self.flow.context_dim},
+            "flow": {
+                "config": self.flow.config.to_dict(),
+                "dim": self.flow.dim,
+                "context_dim": self.flow.context_dim,
+            },
             "options": self.options(),
         }
 
@@ -222,7 +249,10 @@ class Posterior(abc.ABC):
     def save(self, path: str | os.PathLike) -> None:
         """Write the flow's ``state_dict`` and JSON metadata (no pickled objects) to ``path``, sealed with a checksum."""
         state = {k: v.detach().cpu() for k, v in self.flow.state_dict().items()}
-        save_sealed({"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state}, path)
+        save_sealed(
+            {"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state},
+            path,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, task={self.task.name!r}, device={self.device})"
@@ -245,7 +275,10 @@ class FlowPosterior(Posterior):
         return {"amortized": self.amortized}
 
     def _caveat(self, y: Tensor) -> str | None:
-        if self.amortized or (self.task.y_obs is not None and torch.allclose(y.cpu(), self.task.y_obs.cpu().to(y.dtype).expand_as(y))):
+        if self.amortized or (
+            self.task.y_obs is not None
+            and torch.allclose(y.cpu(), self.task.y_obs.cpu().to(y.dtype).expand_as(y))
+        ):
             return None
         return (
             f"this {self.method} posterior was trained sequentially for task.y_obs; at another release it is "
@@ -255,7 +288,9 @@ class FlowPosterior(Posterior):
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
         """All the base noise ``(n, B, dim)`` first, then mapped chunk by chunk: the chunking changes the draws by
         float round-off at most (matrix products round differently with the number of rows), never the noise."""
-        noise = torch.randn(n, y.shape[0], self.flow.dim, generator=generator, device=generator.device if generator else None)
+        noise = torch.randn(
+            n, y.shape[0], self.flow.dim, generator=generator, device=generator.device if generator else None
+        )
         return _in_chunks(lambda chunk: self.flow.sample(chunk.to(self.device), y), noise, width=y.shape[0])
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
@@ -289,7 +324,9 @@ class LikelihoodPosterior(Posterior):
         self.progress = progress
         self.dequantized, self.cell_points = bool(dequantized), int(cell_points)
         if self.dequantized and task.mechanism.lattice is None:
-            raise ValueError(f"a dequantized likelihood needs a lattice mechanism; {task.mechanism!r} has none")
+            raise ValueError(
+                f"a dequantized likelihood needs a lattice mechanism; {task.mechanism!r} has none"
+            )
 
     def options(self) -> dict:
         return {"mcmc": self.mcmc.to_dict(), "dequantized": self.dequantized, "cell_points": self.cell_points}
@@ -325,10 +362,14 @@ class LikelihoodPosterior(Posterior):
         log_density = _in_chunks(lambda chunk: self.log_density_z(chunk, y), candidates)
         init = resample_init(candidates, log_density, self.mcmc.num_chains, init_gen)
         width = candidates.std(0)  # the prior's spread: wider than the posterior's, as the sampler likes it
-        return slice_sample(lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress)
+        return slice_sample(
+            lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress
+        )
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
-        return self.task.prior.log_prob(self.space.to_theta(z.to(self.space.device))).to(self.device) + self.log_likelihood_z(y, z)
+        return self.task.prior.log_prob(self.space.to_theta(z.to(self.space.device))).to(
+            self.device
+        ) + self.log_likelihood_z(y, z)
 
 
 _KINDS = {cls.kind: cls for cls in (FlowPosterior, LikelihoodPosterior)}
@@ -351,7 +392,9 @@ def _jsonable(value):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise ValueError(f"cannot record task argument {value!r} of type {type(value).__name__} in a posterior file")
+    raise ValueError(
+        f"cannot record task argument {value!r} of type {type(value).__name__} in a posterior file"
+    )
 
 
 def _task_spec(task: Task) -> dict | None:
@@ -409,7 +452,9 @@ def _check_finite(path: str | os.PathLike, state: dict) -> None:
         if torch.is_tensor(value) and value.is_floating_point():
             bad = int((~torch.isfinite(value)).sum())
             if bad:
-                raise ValueError(f"{path}: stored tensor {name!r} holds {bad} NaN/inf values (a diverged flow); refusing it")
+                raise ValueError(
+                    f"{path}: stored tensor {name!r} holds {bad} NaN/inf values (a diverged flow); refusing it"
+                )
 
 
 def _check_identity(path: str | os.PathLike, stored: dict, task: Task, which: str) -> None:
@@ -417,11 +462,14 @@ def _check_identity(path: str | os.PathLike, stored: dict, task: Task, which: st
     found = differences(stored, identity(task))
     if found:
         raise ValueError(
-            f"{path} was trained for another model than {which}; refusing it. Differences (stored vs now): " + "; ".join(found)
+            f"{path} was trained for another model than {which}; refusing it. Differences (stored vs now): "
+            + "; ".join(found)
         )
 
 
-def load_posterior(path: str | os.PathLike, device: torch.device | str | None = None, task: Task | None = None) -> Posterior:
+def load_posterior(
+    path: str | os.PathLike, device: torch.device | str | None = None, task: Task | None = None
+) -> Posterior:
     """Rebuild a posterior written by ``Posterior.save``, with its flow on ``device`` (default: torch's
     default device). Only tensors and plain containers are read (``weights_only=True``), and only from an
     intact file (checksum). The task is rebuilt from its recorded name and arguments unless ``task`` is
@@ -432,7 +480,9 @@ def load_posterior(path: str | os.PathLike, device: torch.device | str | None = 
     which = "the given task"
     if task is None:
         if meta["task"] is None:
-            raise ValueError(f"{path} does not record how to build its task (not made by dpsbi.tasks.load); pass task=")
+            raise ValueError(
+                f"{path} does not record how to build its task (not made by dpsbi.tasks.load); pass task="
+            )
         task = tasks.load(meta["task"]["name"], **meta["task"]["kwargs"])
         which = "the task as dpsbi.tasks.load builds it now"
     _check_identity(path, meta["identity"], task, which)

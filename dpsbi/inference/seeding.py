@@ -30,7 +30,9 @@ def make_generator(
         return generator
     if seed is None:
         return None
-    return torch.Generator(device=device if device is not None else torch.get_default_device()).manual_seed(int(seed))
+    return torch.Generator(device=device if device is not None else torch.get_default_device()).manual_seed(
+        int(seed)
+    )
 
 
 def draw_seed(generator: torch.Generator | None) -> int:

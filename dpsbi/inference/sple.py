@@ -53,12 +53,19 @@ class SPLE(SequentialEstimator):
 
     def options(self) -> dict:
         dequantization = {"dequantize": True, "cell_points": self.cell_points} if self.dequantize else {}
-        return {"mcmc": self.mcmc.to_dict(), **dequantization}  # a continuous mechanism's: as before dequantization
+        return {
+            "mcmc": self.mcmc.to_dict(),
+            **dequantization,
+        }  # a continuous mechanism's: as before dequantization
 
     def flow_data(self, z, s, generator):
         y = self.task.release(s, generator=generator)
         if self.dequantize:
-            y = dequantized(y, self.task.mechanism, torch.rand(y.shape, generator=generator, device=y.device, dtype=y.dtype))
+            y = dequantized(
+                y,
+                self.task.mechanism,
+                torch.rand(y.shape, generator=generator, device=y.device, dtype=y.dtype),
+            )
         return y, z
 
     def loss(self, round_index: int) -> Loss:
@@ -72,4 +79,6 @@ class SPLE(SequentialEstimator):
 
     def posterior(self, round_index: int) -> LikelihoodPosterior:
         flow = self._posterior_flow()
-        return LikelihoodPosterior(self.task, flow, self.method, self.mcmc, self.progress, self.dequantize, self.cell_points)
+        return LikelihoodPosterior(
+            self.task, flow, self.method, self.mcmc, self.progress, self.dequantize, self.cell_points
+        )

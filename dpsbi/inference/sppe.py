@@ -57,18 +57,31 @@ class SPPE(SequentialEstimator):
         if int(atoms) < 2:
             raise ValueError(f"atomic APT needs atoms >= 2, got {atoms}")
         if int(atoms) > min(self.settings.batch_size, self.sims_per_round):
-            raise ValueError(f"atoms={atoms} exceeds the batch size ({self.settings.batch_size}) or sims_per_round ({self.sims_per_round})")
+            raise ValueError(
+                f"atoms={atoms} exceeds the batch size ({self.settings.batch_size}) or sims_per_round ({self.sims_per_round})"
+            )
         if truncate is not None and not 0 < float(truncate) < 1:
-            raise ValueError(f"truncate must be a posterior mass in (0, 1) (e.g. 1e-4) or None, got {truncate}")
+            raise ValueError(
+                f"truncate must be a posterior mass in (0, 1) (e.g. 1e-4) or None, got {truncate}"
+            )
         if int(truncation_draws) < 1 or int(max_prior_draws) < 1:
-            raise ValueError(f"truncation_draws and max_prior_draws must be >= 1, got {truncation_draws}, {max_prior_draws}")
+            raise ValueError(
+                f"truncation_draws and max_prior_draws must be >= 1, got {truncation_draws}, {max_prior_draws}"
+            )
         self.atoms = int(atoms)
         self.truncate = None if truncate is None else float(truncate)
         self.truncation_draws, self.max_prior_draws = int(truncation_draws), int(max_prior_draws)
 
     def options(self) -> dict:
-        truncation = {"truncate": self.truncate, "truncation_draws": self.truncation_draws, "max_prior_draws": self.max_prior_draws}
-        return {"atoms": self.atoms, **(truncation if self.truncate is not None else {})}  # APT: as before TSNPE existed
+        truncation = {
+            "truncate": self.truncate,
+            "truncation_draws": self.truncation_draws,
+            "max_prior_draws": self.max_prior_draws,
+        }
+        return {
+            "atoms": self.atoms,
+            **(truncation if self.truncate is not None else {}),
+        }  # APT: as before TSNPE existed
 
     def flow_data(self, z, s, generator):
         return z, self.task.release(s, generator=generator)
@@ -79,7 +92,9 @@ class SPPE(SequentialEstimator):
     def proposal_draws(self, r: int, posterior: Posterior, n: int, seed: int) -> Tensor:
         if self.truncate is None:
             return super().proposal_draws(r, posterior, n, seed)
-        return truncated_prior_draws(self.task, posterior, n, self.truncate, self.truncation_draws, self.max_prior_draws, seed)
+        return truncated_prior_draws(
+            self.task, posterior, n, self.truncate, self.truncation_draws, self.max_prior_draws, seed
+        )
 
     def loss(self, round_index: int) -> Loss:
         atoms = 1 if round_index == 0 or self.truncate is not None else self.atoms

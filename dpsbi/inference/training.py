@@ -7,8 +7,9 @@ import contextlib
 import logging
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import pytorch_lightning as pl
 import torch
@@ -67,9 +68,13 @@ class TrainingSettings(Settings):
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             hint = f" (lr_schedule: one of {LR_SCHEDULES})" if "lr_schedule" in bad else ""
-            raise ValueError(f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}{hint}")
+            raise ValueError(
+                f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}{hint}"
+            )
         if self.lr_schedule == "cosine" and self.max_steps is None:
-            raise ValueError("training lr_schedule='cosine' decays over a round's max_steps: set max_steps (e.g. 500)")
+            raise ValueError(
+                "training lr_schedule='cosine' decays over a round's max_steps: set max_steps (e.g. 500)"
+            )
 
 
 class NonFiniteLossError(RuntimeError):
@@ -87,11 +92,23 @@ class LossModule(pl.LightningModule):
     epoch, so that no step waits for the host."""
 
     def __init__(
-        self, flow: nn.Module, loss: Loss, settings: TrainingSettings, train_seed: int, val_seed: int, label: str = "training",
+        self,
+        flow: nn.Module,
+        loss: Loss,
+        settings: TrainingSettings,
+        train_seed: int,
+        val_seed: int,
+        label: str = "training",
         total_steps: int | None = None,
     ) -> None:
         super().__init__()
-        self.flow, self.loss, self.settings, self.label, self.total_steps = flow, loss, settings, label, total_steps
+        self.flow, self.loss, self.settings, self.label, self.total_steps = (
+            flow,
+            loss,
+            settings,
+            label,
+            total_steps,
+        )
         self.train_seed, self.val_seed = train_seed, val_seed
         self.best_loss, self.best_state, self.epochs = math.inf, None, 0
 
@@ -137,7 +154,9 @@ class LossModule(pl.LightningModule):
         )
 
     def configure_optimizers(self):
-        optimizer = torch.optim.Adam(self.flow.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        optimizer = torch.optim.Adam(
+            self.flow.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay
+        )
         if self.settings.lr_schedule == "constant":
             return optimizer
         cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.total_steps)
@@ -147,7 +166,9 @@ class LossModule(pl.LightningModule):
 @contextlib.contextmanager
 def _quiet(progress: bool):
     """Silence Lightning's banner and its data-loader advice (the data sit in memory) unless ``progress``."""
-    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")]
+    loggers = [
+        logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")
+    ]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -174,7 +195,11 @@ class Batches(Sampler[Tensor]):
         return max(self.size // self.batch_size, 1)
 
     def __iter__(self):
-        order = torch.randperm(self.size, generator=self.shuffle) if self.shuffle is not None else torch.arange(self.size)
+        order = (
+            torch.randperm(self.size, generator=self.shuffle)
+            if self.shuffle is not None
+            else torch.arange(self.size)
+        )
         bounds = [i * self.batch_size for i in range(len(self))] + [self.size]
         return (order[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
 
@@ -210,8 +235,15 @@ def fit_flow(
     shuffle = torch.Generator().manual_seed(derive_seed(seed, "shuffle"))
     batches = _loader(train, settings.batch_size, shuffle)
     epochs = epoch_budget(settings, len(batches))
-    module = LossModule(flow, loss, settings, derive_seed(seed, "noise"), derive_seed(seed, "validation"), label,
-                        total_steps=None if epochs is None else epochs * len(batches))
+    module = LossModule(
+        flow,
+        loss,
+        settings,
+        derive_seed(seed, "noise"),
+        derive_seed(seed, "validation"),
+        label,
+        total_steps=None if epochs is None else epochs * len(batches),
+    )
     with _quiet(progress):
         trainer = pl.Trainer(
             accelerator=settings.accelerator,
@@ -219,7 +251,9 @@ def fit_flow(
             precision=settings.precision,
             max_epochs=-1 if epochs is None else epochs,
             gradient_clip_val=settings.clip,
-            callbacks=[EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min", check_finite=False)],
+            callbacks=[
+                EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min", check_finite=False)
+            ],
             num_sanity_val_steps=0,
             enable_progress_bar=progress,
             enable_model_summary=False,

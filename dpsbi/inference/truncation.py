@@ -21,7 +21,9 @@ def density_threshold(posterior: Posterior, mass: float, draws: int, seed: int) 
     return torch.quantile(posterior.log_prob(theta).double(), mass)
 
 
-def truncated_prior_draws(task: Task, posterior: Posterior, n: int, mass: float, draws: int, max_prior_draws: int, seed: int) -> Tensor:
+def truncated_prior_draws(
+    task: Task, posterior: Posterior, n: int, mass: float, draws: int, max_prior_draws: int, seed: int
+) -> Tensor:
     """``n`` draws ``(n, dim_theta)`` of the prior restricted to the region where the posterior's density at
     ``task.y_obs`` is at least :func:`density_threshold`; prior draws are screened in batches of
     :data:`BATCH`. Raises ``RuntimeError`` when ``max_prior_draws`` prior draws do not give ``n`` (the region

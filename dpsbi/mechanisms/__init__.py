@@ -7,4 +7,12 @@ from .laplace import Laplace
 from .randomized_response import RandomizedResponse
 from .smooth_laplace import SmoothSensitivityLaplace
 
-__all__ = ["Mechanism", "Laplace", "Gaussian", "BinomialCurve", "RandomizedResponse", "SmoothSensitivityLaplace", "binomial_icdf"]
+__all__ = [
+    "Mechanism",
+    "Laplace",
+    "Gaussian",
+    "BinomialCurve",
+    "RandomizedResponse",
+    "SmoothSensitivityLaplace",
+    "binomial_icdf",
+]

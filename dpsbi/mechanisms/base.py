@@ -76,9 +76,7 @@ class Mechanism(abc.ABC):
         """Boolean tensor of shape ``y.shape[:-1]``: whether each release can be produced."""
         return torch.isfinite(y).all(-1)
 
-    def sample(
-        self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None
-    ) -> Tensor:
+    def sample(self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
         """Releases for confidential statistics ``s`` of shape ``(..., input_dim)``.
 
         With ``u`` (shape ``(..., noise_dim)``, values in [0, 1)) the map is deterministic, which is

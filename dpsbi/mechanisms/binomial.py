@@ -134,9 +134,11 @@ class BinomialCurve(Mechanism):
 
     def in_support(self, y: Tensor) -> Tensor:
         k = as_float(y).double() * self.trials
-        return ((k - k.round()).abs() <= 1e-6 * self.trials).all(-1) & (k >= -1e-9).all(-1) & (
-            k <= self.trials + 1e-9
-        ).all(-1)
+        return (
+            ((k - k.round()).abs() <= 1e-6 * self.trials).all(-1)
+            & (k >= -1e-9).all(-1)
+            & (k <= self.trials + 1e-9).all(-1)
+        )
 
     def _counts(self, y: Tensor) -> Tensor:
         """Binomial counts ``N y``, rounded when within float error of an integer."""

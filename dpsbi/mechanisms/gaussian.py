@@ -59,7 +59,7 @@ class Gaussian(Mechanism):
         self.mu = self.sensitivity / self.sigma
 
     @classmethod
-    def gdp(cls, mu: float, sensitivity: float, dim: int = 1, delta: float = 1e-6) -> "Gaussian":
+    def gdp(cls, mu: float, sensitivity: float, dim: int = 1, delta: float = 1e-6) -> Gaussian:
         """The ``mu``-GDP mechanism ``sigma = sensitivity / mu``; ``epsilon`` is its exact value at ``delta``."""
         mu = check_positive("mu", mu)
         if analytic_delta(mu, 1e-12) <= delta:

@@ -103,7 +103,9 @@ class SmoothSensitivityLaplace(Mechanism):
     def summarize(self, values: Tensor) -> Tensor:
         """The summary ``(statistic, smooth sensitivity)`` of ``values (..., n)`` in ``[0, upper]``: ``(..., 2)``."""
         if values.shape[-1] != self.n:
-            raise ValueError(f"expected {self.n} values in the last dimension, got shape {tuple(values.shape)}")
+            raise ValueError(
+                f"expected {self.n} values in the last dimension, got shape {tuple(values.shape)}"
+            )
         if self.statistic == "max":
             stat, sens = values.amax(-1), smooth_sensitivity_max(values, self.beta, self.upper)
         else:
@@ -117,7 +119,9 @@ class SmoothSensitivityLaplace(Mechanism):
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
         scale = s[..., 1:] / self.alpha
-        return self._unit.log_prob((y - s[..., :1]) / scale, torch.zeros_like(scale)) - torch.log(scale).sum(-1)
+        return self._unit.log_prob((y - s[..., :1]) / scale, torch.zeros_like(scale)) - torch.log(scale).sum(
+            -1
+        )
 
     def max_log_prob(self, y: Tensor) -> Tensor:
         # The sensitivity is at least upper * e^{-n beta} (the k = n term spans the padding 0 .. upper).

@@ -111,8 +111,14 @@ def _fast_log(u: float) -> float:
 
 @njit(fastmath=True)
 def _gillespie_trajectory(
-    beta: float, gamma: float, population: int, initial_infected: int,
-    times: np.ndarray, seed: np.uint64, row: np.uint64, out: np.ndarray,
+    beta: float,
+    gamma: float,
+    population: int,
+    initial_infected: int,
+    times: np.ndarray,
+    seed: np.uint64,
+    row: np.uint64,
+    out: np.ndarray,
 ) -> None:
     """Simulate one trajectory; writes ``(S, I)`` at ``times`` (shape ``(T,)``) into ``out`` ``(T, 2)``.
 
@@ -168,8 +174,14 @@ def _gillespie_batch(
     out = np.empty((n, times.shape[0], 2), dtype=np.int64)
     for row in prange(n):
         _gillespie_trajectory(
-            math.exp(theta[row, 0]), math.exp(theta[row, 1]), population, initial_infected,
-            times, seed, np.uint64(row), out[row],
+            math.exp(theta[row, 0]),
+            math.exp(theta[row, 1]),
+            population,
+            initial_infected,
+            times,
+            seed,
+            np.uint64(row),
+            out[row],
         )
     return out
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from .base import Task
 from .custom import box, from_simulator, normal
@@ -15,11 +15,11 @@ _REGISTRY: dict[str, Callable[..., Task]] = {}
 def register(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
     """Decorator adding a task factory under ``name``."""
 
-    def add(factory: Callable[..., Task]) -> Callable[..., Task]:
+    def add(make: Callable[..., Task]) -> Callable[..., Task]:
         if name in _REGISTRY:
             raise ValueError(f"task {name!r} is registered twice")
-        _REGISTRY[name] = factory
-        return factory
+        _REGISTRY[name] = make
+        return make
 
     return add
 
@@ -53,6 +53,16 @@ def full_kwargs(task: Task) -> dict:
     return dict(bound.arguments)
 
 
-from . import binary_responses, conjugate_gaussian, factory, naive_bayes, normal_variance, poisson_counts, regression, sir, uniform_mixture  # noqa: E402,F401  (registration)
+from . import (  # noqa: E402,F401  (registration)
+    binary_responses,
+    conjugate_gaussian,
+    factory,
+    naive_bayes,
+    normal_variance,
+    poisson_counts,
+    regression,
+    sir,
+    uniform_mixture,
+)
 
 __all__ = ["Task", "box", "from_simulator", "full_kwargs", "load", "names", "normal", "register"]

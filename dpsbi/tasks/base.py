@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -61,11 +61,17 @@ class Task:
         (``Gaussian.gdp``). Tasks whose data are not a release of the mechanism (``release_from_mechanism=False``)
         are exempt."""
         if not isinstance(self.mechanism, Mechanism):
-            raise ValueError(f"task {self.name!r}: mechanism must be a dpsbi Mechanism, got {type(self.mechanism).__name__}")
+            raise ValueError(
+                f"task {self.name!r}: mechanism must be a dpsbi Mechanism, got {type(self.mechanism).__name__}"
+            )
         if not isinstance(self.epsilon, numbers.Real):
             raise ValueError(f"task {self.name!r}: epsilon must be a number, got {self.epsilon!r}")
         if self.release_from_mechanism:
-            stated = {k: float(getattr(self.mechanism, k)) for k in ("epsilon", "target_epsilon", "mu") if hasattr(self.mechanism, k)}
+            stated = {
+                k: float(getattr(self.mechanism, k))
+                for k in ("epsilon", "target_epsilon", "mu")
+                if hasattr(self.mechanism, k)
+            }
             if not any(math.isclose(self.epsilon, v, rel_tol=1e-6) for v in stated.values()):
                 levels = ", ".join(f"{k}={v:g}" for k, v in stated.items())
                 raise ValueError(
@@ -73,7 +79,9 @@ class Task:
                     f"({levels}); state epsilon once, when building the mechanism"
                 )
         if len(self.prior.event_shape) != 1:
-            raise ValueError(f"task {self.name!r}: the prior must be over vectors (event shape (d,)), got {tuple(self.prior.event_shape)}")
+            raise ValueError(
+                f"task {self.name!r}: the prior must be over vectors (event shape (d,)), got {tuple(self.prior.event_shape)}"
+            )
         if self.y_obs is not None:
             self.check_release(self.y_obs)
         if self.true_theta is not None:
@@ -97,7 +105,9 @@ class Task:
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Confidential summaries ``(n, mechanism.input_dim)`` (usually ``dim_s``) for parameters ``(n, dim_theta)``; errors on NaN or bad shapes."""
         if self.simulator is None:
-            raise ValueError(f"task {self.name!r} has no simulator: hand the estimator simulations made elsewhere (append_simulations)")
+            raise ValueError(
+                f"task {self.name!r} has no simulator: hand the estimator simulations made elsewhere (append_simulations)"
+            )
         theta = self.check_theta(theta)
         return self.check_summary(theta, self.simulator(theta, generator), "simulator returned")
 
@@ -112,7 +122,9 @@ class Task:
         bad = ~torch.isfinite(s).all(-1)
         if bad.any():
             rows = bad.nonzero().flatten()[:5].tolist()
-            raise RuntimeError(f"task {self.name!r}: {source} NaN/inf for theta rows {rows}, e.g. theta={theta[rows[0]].tolist()}")
+            raise RuntimeError(
+                f"task {self.name!r}: {source} NaN/inf for theta rows {rows}, e.g. theta={theta[rows[0]].tolist()}"
+            )
         return s
 
     def release(self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
@@ -128,14 +140,18 @@ class Task:
         if not torch.is_tensor(theta):
             theta = torch.as_tensor(theta, dtype=torch.get_default_dtype())
         if theta.ndim != 2 or theta.shape[-1] != self.dim_theta:
-            raise ValueError(f"task {self.name!r}: theta must have shape (n, {self.dim_theta}), got {tuple(theta.shape)}")
+            raise ValueError(
+                f"task {self.name!r}: theta must have shape (n, {self.dim_theta}), got {tuple(theta.shape)}"
+            )
         support = self.prior.support
         inside = support.check(theta)
         if support.event_dim == 0:
             inside = inside.all(-1)
         if not bool(inside.all()):
             row = (~inside).nonzero().flatten()[0].item()
-            raise ValueError(f"task {self.name!r}: theta row {row} lies outside the prior's support: {theta[row].tolist()}")
+            raise ValueError(
+                f"task {self.name!r}: theta row {row} lies outside the prior's support: {theta[row].tolist()}"
+            )
         return theta
 
     def check_release(self, y: Tensor) -> Tensor:
@@ -145,7 +161,9 @@ class Task:
         y = torch.as_tensor(y, dtype=torch.get_default_dtype())
         y = y.unsqueeze(0) if y.ndim == 1 else y
         if y.ndim != 2 or y.shape[-1] != self.dim_s:
-            raise ValueError(f"task {self.name!r}: release must have shape (n, {self.dim_s}), got {tuple(y.shape)}")
+            raise ValueError(
+                f"task {self.name!r}: release must have shape (n, {self.dim_s}), got {tuple(y.shape)}"
+            )
         if not torch.isfinite(y).all():
             raise ValueError(f"task {self.name!r}: the release holds NaN or inf: {y.tolist()}")
         return y
@@ -163,7 +181,6 @@ class Task:
             f"Task({self.name!r}, epsilon={self.epsilon:g}, dim_theta={self.dim_theta}, dim_s={self.dim_s}, "
             f"mechanism={self.mechanism!r})"
         )
-
 
 
 def as_summary(s, device: torch.device) -> Tensor:

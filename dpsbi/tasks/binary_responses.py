@@ -13,8 +13,8 @@ mechanism is a mixture over the count ``j = sum_i x_i`` of ``Beta(a + j, b + n -
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -38,7 +38,9 @@ class BernoulliRecords(ReparameterizedRecords):
     summarizer: Callable[[Tensor], Tensor]
     sequential: bool = False
 
-    def latent(self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def latent(
+        self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None = None
+    ) -> Tensor:
         return torch.rand(shape + (1,), generator=generator, device=like.device, dtype=like.dtype)
 
     def records(self, z: Tensor, theta: Tensor) -> Tensor:
@@ -91,7 +93,9 @@ def record_coefficients(log_one: Tensor, log_zero: Tensor) -> Tensor:
     return log_c
 
 
-def exact_posterior(y: Tensor, mechanism: Mechanism, n: int, a: float = 1.0, b: float = 1.0) -> MixtureSameFamily:
+def exact_posterior(
+    y: Tensor, mechanism: Mechanism, n: int, a: float = 1.0, b: float = 1.0
+) -> MixtureSameFamily:
     """Exact ``p(theta | y)`` under the ``Beta(a, b)`` prior for a release of any of the three mechanisms."""
     y = torch.as_tensor(y, dtype=torch.get_default_dtype()).reshape(-1)
     if mechanism.dim == 1:  # noisy mean: c_j = C(n, j) eta(y | j / n)
@@ -99,7 +103,10 @@ def exact_posterior(y: Tensor, mechanism: Mechanism, n: int, a: float = 1.0, b: 
         log_choose = math.lgamma(n + 1) - torch.lgamma(j + 1) - torch.lgamma(n - j + 1)
         log_c = log_choose.double() + mechanism.log_prob(y[None, :], (j / n)[:, None]).double()
     else:
-        log_c = record_coefficients(record_log_prob(mechanism, y, torch.ones_like(y)), record_log_prob(mechanism, y, torch.zeros_like(y)))
+        log_c = record_coefficients(
+            record_log_prob(mechanism, y, torch.ones_like(y)),
+            record_log_prob(mechanism, y, torch.zeros_like(y)),
+        )
     return beta_mixture(log_c, a, b)
 
 
@@ -139,7 +146,11 @@ def make(
         mech = Gaussian.gdp(epsilon, 1.0 / n, 1, delta=delta)
         summarizer = lambda bits: bits.mean(-1, keepdim=True)  # noqa: E731
     else:
-        mech = RandomizedResponse(epsilon, n) if mechanism == "randomized_response" else Gaussian.gdp(epsilon, 1.0, n, delta=delta)
+        mech = (
+            RandomizedResponse(epsilon, n)
+            if mechanism == "randomized_response"
+            else Gaussian.gdp(epsilon, 1.0, n, delta=delta)
+        )
         summarizer = lambda bits: bits  # noqa: E731
     records = BernoulliRecords(n, summarizer, sequential=mechanism != "noisy_mean")
     prior = Independent(Beta(torch.tensor([prior_a], dtype=dtype), torch.tensor([prior_b], dtype=dtype)), 1)

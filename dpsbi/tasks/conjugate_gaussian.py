@@ -35,7 +35,9 @@ def make(
     theta_true = torch.full((1, dim), 0.5, dtype=dtype)
 
     def simulator(theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        return theta + noise_sd * torch.randn(theta.shape, generator=generator, device=theta.device, dtype=theta.dtype)
+        return theta + noise_sd * torch.randn(
+            theta.shape, generator=generator, device=theta.device, dtype=theta.dtype
+        )
 
     def simulate_obs(generator: torch.Generator) -> Tensor:
         return mechanism.sample(simulator(theta_true, generator), generator=generator)

@@ -31,7 +31,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from typing import Callable, Iterator, Literal, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -56,7 +57,9 @@ def box(low, high) -> Independent:
     ``low`` and ``high`` are numbers or sequences; a number is repeated to the other's length."""
     low, high = _vectors("box", low=low, high=high)
     if not bool((low < high).all()):
-        raise ValueError(f"box: need low < high in every coordinate, got low={low.tolist()}, high={high.tolist()}")
+        raise ValueError(
+            f"box: need low < high in every coordinate, got low={low.tolist()}, high={high.tolist()}"
+        )
     return Independent(Uniform(low, high), 1)
 
 
@@ -79,7 +82,9 @@ def _vectors(what: str, **values) -> list[Tensor]:
     try:
         return list(torch.broadcast_tensors(*out.values()))
     except RuntimeError:
-        raise ValueError(f"{what}: lengths differ: " + ", ".join(f"{k} has {len(v)}" for k, v in out.items())) from None
+        raise ValueError(
+            f"{what}: lengths differ: " + ", ".join(f"{k} has {len(v)}" for k, v in out.items())
+        ) from None
 
 
 class UserSimulator:
@@ -120,9 +125,13 @@ def takes_randomness(fn: Callable) -> bool:
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError) as error:
-        raise ValueError(f"cannot read the simulator's signature ({error}); wrap it in a Python function of theta (and rng)") from None
+        raise ValueError(
+            f"cannot read the simulator's signature ({error}); wrap it in a Python function of theta (and rng)"
+        ) from None
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 and (positional[1].default is inspect.Parameter.empty or positional[1].default is None)
+    return len(positional) >= 2 and (
+        positional[1].default is inspect.Parameter.empty or positional[1].default is None
+    )
 
 
 def _seed_from(generator: torch.Generator | None) -> int:
@@ -197,14 +206,20 @@ def from_simulator(
     problems = _prior_problems(prior)
     prior_usable = not problems
     if not isinstance(mechanism, Mechanism):
-        problems.append(f"mechanism must be a dpsbi mechanism (dpsbi.mechanisms.Laplace, Gaussian, ...), got {type(mechanism).__name__}")
+        problems.append(
+            f"mechanism must be a dpsbi mechanism (dpsbi.mechanisms.Laplace, Gaussian, ...), got {type(mechanism).__name__}"
+        )
     elif y_obs is not None:
         y_obs = _take(problems, _release(y_obs, mechanism))
     if simulator is not None:
         simulator = _take(problems, _wrap(simulator, backend, vectorized))
     if prior_usable:  # the checks that draw from the prior
         transform = biject_to(prior.support) if transform is None else transform
-        parameter_names = [f"theta_{i + 1}" for i in range(prior.event_shape[0])] if parameter_names is None else list(parameter_names)
+        parameter_names = (
+            [f"theta_{i + 1}" for i in range(prior.event_shape[0])]
+            if parameter_names is None
+            else list(parameter_names)
+        )
         with _probe_streams(prior):
             problems += _transform_problems(transform, prior)
             true_theta = None if true_theta is None else _take(problems, _theta(true_theta, prior))
@@ -262,7 +277,9 @@ def _report(name: str, problems: list[str]) -> str:
 def _prior_problems(prior) -> list[str]:
     """What keeps ``prior`` from being a task's prior (empty when usable)."""
     if not isinstance(prior, Distribution):
-        return [f"prior must be a torch Distribution (dpsbi.tasks.box and normal build common ones), got {type(prior).__name__}"]
+        return [
+            f"prior must be a torch Distribution (dpsbi.tasks.box and normal build common ones), got {type(prior).__name__}"
+        ]
     if len(prior.event_shape) != 1:
         return [
             f"prior must be over vectors (event shape (d,)), got event shape {tuple(prior.event_shape)}; "
@@ -273,7 +290,9 @@ def _prior_problems(prior) -> list[str]:
     except NotImplementedError:
         return [f"prior {type(prior).__name__} must define .mean (dpsbi reads its device from it)"]
     if mean.dtype != torch.get_default_dtype():
-        return [f"prior is in {mean.dtype} but torch's default dtype is {torch.get_default_dtype()}; build it from {torch.get_default_dtype()} tensors"]
+        return [
+            f"prior is in {mean.dtype} but torch's default dtype is {torch.get_default_dtype()}; build it from {torch.get_default_dtype()} tensors"
+        ]
     return []
 
 
@@ -284,14 +303,23 @@ def _release(y_obs, mechanism: Mechanism) -> tuple[Tensor | None, str | None]:
         return None, problem
     y = y.reshape(1, -1) if y.ndim == 1 else y
     if y.ndim != 2 or y.shape[0] != 1:
-        return None, f"y_obs must be one release, of shape ({mechanism.dim},) or (1, {mechanism.dim}); got shape {tuple(y.shape)}"
+        return (
+            None,
+            f"y_obs must be one release, of shape ({mechanism.dim},) or (1, {mechanism.dim}); got shape {tuple(y.shape)}",
+        )
     if y.shape[1] != mechanism.dim:
-        return None, f"y_obs has {y.shape[1]} values but the mechanism releases {mechanism.dim}: {mechanism!r}"
+        return (
+            None,
+            f"y_obs has {y.shape[1]} values but the mechanism releases {mechanism.dim}: {mechanism!r}",
+        )
     bad = (~torch.isfinite(y[0])).nonzero().flatten().tolist()
     if bad:
         return None, f"y_obs holds NaN/inf at positions {bad}: {_show(y[0])}"
     if not bool(mechanism.in_support(y).all()):
-        return None, f"y_obs {_show(y[0])} lies outside the support of {mechanism!r} (it cannot be a release of it)"
+        return (
+            None,
+            f"y_obs {_show(y[0])} lies outside the support of {mechanism!r} (it cannot be a release of it)",
+        )
     return y, None
 
 
@@ -329,16 +357,24 @@ def _transform_problems(transform, prior: Distribution) -> list[str]:
     """Problems of ``transform`` as a bijection from ``R^k`` onto the prior's support, found on
     :data:`TRANSFORM_PROBES` standard-normal points and as many prior draws."""
     if not isinstance(transform, Transform):
-        return [f"transform must be a torch.distributions Transform from R^k onto the prior's support, got {type(transform).__name__}"]
+        return [
+            f"transform must be a torch.distributions Transform from R^k onto the prior's support, got {type(transform).__name__}"
+        ]
     d = prior.event_shape[0]
     try:
-        z = torch.randn((TRANSFORM_PROBES, *transform.inv.forward_shape(prior.event_shape)), device=prior.mean.device)
+        z = torch.randn(
+            (TRANSFORM_PROBES, *transform.inv.forward_shape(prior.event_shape)), device=prior.mean.device
+        )
         image = transform(z)
         if image.shape != (TRANSFORM_PROBES, d):
-            return [f"transform {transform} maps points of shape {tuple(z.shape[1:])} to shape {tuple(image.shape[1:])}, but the prior's draws have shape ({d},)"]
+            return [
+                f"transform {transform} maps points of shape {tuple(z.shape[1:])} to shape {tuple(image.shape[1:])}, but the prior's draws have shape ({d},)"
+            ]
         outside = ~_inside(prior, image)
         if outside.any():
-            return [f"transform {transform} maps z={_show(z[outside][0])} to {_show(image[outside][0])}, outside the prior's support {prior.support}: its image is not the support"]
+            return [
+                f"transform {transform} maps z={_show(z[outside][0])} to {_show(image[outside][0])}, outside the prior's support {prior.support}: its image is not the support"
+            ]
         theta = prior.sample((TRANSFORM_PROBES,))
         z = transform.inv(theta)
         again = transform(z)
@@ -361,22 +397,30 @@ def _names_problems(names: list, d: int) -> list[str]:
     return []
 
 
-def _simulator_problems(simulator: UserSimulator, prior: Distribution, mechanism: Mechanism, name: str) -> list[str]:
+def _simulator_problems(
+    simulator: UserSimulator, prior: Distribution, mechanism: Mechanism, name: str
+) -> list[str]:
     """Problems of ``simulator`` on :data:`PROBE_ROWS` prior draws: failure, shape, NaN/inf. Warns if a second
     call with the same generator seed gives other summaries (not reproducible)."""
     theta = prior.sample((PROBE_ROWS,))
 
     def run() -> Tensor:
-        return as_summary(simulator(theta, torch.Generator(device=theta.device).manual_seed(PROBE_SEED)), theta.device)
+        return as_summary(
+            simulator(theta, torch.Generator(device=theta.device).manual_seed(PROBE_SEED)), theta.device
+        )
 
     try:
         s = run()
     except Exception as error:  # a user's simulator may fail in any way: report it as one line
-        return [f"simulator fails on {PROBE_ROWS} prior draws {_show(theta)}: {type(error).__name__}: {error}"]
+        return [
+            f"simulator fails on {PROBE_ROWS} prior draws {_show(theta)}: {type(error).__name__}: {error}"
+        ]
     expected = (PROBE_ROWS, mechanism.input_dim)
     if s.shape != expected:
         per_row = "" if simulator.vectorized else " (stacked from one row per parameter vector)"
-        return [f"simulator returned shape {tuple(s.shape)}{per_row} for {PROBE_ROWS} prior draws, expected {expected}: one summary of {mechanism.input_dim} values per row"]
+        return [
+            f"simulator returned shape {tuple(s.shape)}{per_row} for {PROBE_ROWS} prior draws, expected {expected}: one summary of {mechanism.input_dim} values per row"
+        ]
     bad = ~torch.isfinite(s).all(-1)
     if bad.any():
         row = int(bad.nonzero()[0])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from . import register
 from .base import Task
@@ -31,10 +31,14 @@ def import_factory(path: str) -> Callable[..., Task]:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        raise ValueError(f"task.factory {path!r}: cannot import {module_name!r} from {cwd} or the installed packages ({error})") from None
+        raise ValueError(
+            f"task.factory {path!r}: cannot import {module_name!r} from {cwd} or the installed packages ({error})"
+        ) from None
     factory = getattr(module, name, None)
     if not callable(factory):
-        raise ValueError(f"task.factory {path!r}: module {module_name!r} ({module.__file__}) has no function {name!r}")
+        raise ValueError(
+            f"task.factory {path!r}: module {module_name!r} ({module.__file__}) has no function {name!r}"
+        )
     return factory
 
 
@@ -42,7 +46,9 @@ def import_factory(path: str) -> Callable[..., Task]:
 def make(factory: str | None = None, **kwargs) -> Task:
     """The task returned by ``factory(**kwargs)`` (keywords that are ``None`` left out)."""
     if not factory:
-        raise ValueError("task 'custom' needs factory='module:function' (on the command line: task.factory=mymodel:make_task)")
+        raise ValueError(
+            "task 'custom' needs factory='module:function' (on the command line: task.factory=mymodel:make_task)"
+        )
     task = import_factory(factory)(**{k: v for k, v in kwargs.items() if v is not None})
     if not isinstance(task, Task):
         raise ValueError(f"task.factory {factory!r} returned a {type(task).__name__}, not a dpsbi Task")

@@ -23,7 +23,11 @@ RTOL = 1e-4
 
 def mechanism_identity(mechanism: Mechanism) -> dict:
     """The mechanism's type and its public scalar parameters (epsilon, delta, sensitivity, scale, ...)."""
-    params = {k: v for k, v in sorted(vars(mechanism).items()) if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
+    params = {
+        k: v
+        for k, v in sorted(vars(mechanism).items())
+        if not k.startswith("_") and isinstance(v, (bool, int, float, str))
+    }
     return {"type": type(mechanism).__name__, **params}
 
 
@@ -70,7 +74,11 @@ def differences(stored, current, path: str = "") -> list[str]:
 
 
 def _close(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool) or not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+    if (
+        isinstance(a, bool)
+        or isinstance(b, bool)
+        or not (isinstance(a, (int, float)) and isinstance(b, (int, float)))
+    ):
         return a == b
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)

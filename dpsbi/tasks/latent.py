@@ -12,8 +12,9 @@ A :class:`LatentTask` is a :class:`Task` that carries these models.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -94,7 +95,9 @@ class ReparameterizedRecords(abc.ABC):
     sequential: bool = False
 
     @abc.abstractmethod
-    def latent(self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def latent(
+        self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None = None
+    ) -> Tensor:
         """Draws ``z ~ mu`` of shape ``shape + (latent_dim,)`` on ``like``'s device and dtype."""
 
     @abc.abstractmethod
@@ -138,7 +141,9 @@ def record_log_prob(mechanism: Mechanism, y: Tensor, values: Tensor) -> Tensor:
     """``log eta(y_t | t(x_t))`` of each coordinate of a per-record release, without the sum over records:
     ``y`` and ``values`` broadcast to ``(..., m)``, result ``(..., m)``."""
     if not isinstance(mechanism, PER_COORDINATE):
-        raise ValueError(f"a record-by-record release needs a per-coordinate mechanism {PER_COORDINATE}, got {mechanism!r}")
+        raise ValueError(
+            f"a record-by-record release needs a per-coordinate mechanism {PER_COORDINATE}, got {mechanism!r}"
+        )
     return mechanism.log_prob(y[..., None], values[..., None])
 
 

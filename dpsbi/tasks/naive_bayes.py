@@ -43,7 +43,9 @@ def make(
         b = theta.shape[0]
         cond = theta[:, : classes * features * values].reshape(b, classes, features, values)
         pi = theta[:, classes * features * values :]
-        n_class = multinomial_counts(torch.full((b,), float(n), dtype=theta.dtype, device=theta.device), pi, generator)
+        n_class = multinomial_counts(
+            torch.full((b,), float(n), dtype=theta.dtype, device=theta.device), pi, generator
+        )
         totals = n_class[:, :, None].expand(b, classes, features).reshape(-1)
         counts = multinomial_counts(totals, cond.reshape(-1, values), generator)
         return counts.reshape(b, -1) / n
@@ -55,9 +57,13 @@ def make(
 
     def exact_posterior(y: Tensor) -> NaiveBayesPosterior:
         cond = torch.full((classes, features, values), concentration, dtype=dtype)
-        return NaiveBayesPosterior(y.reshape(-1), cond, torch.full((classes,), concentration, dtype=dtype), n, mechanism.scale)
+        return NaiveBayesPosterior(
+            y.reshape(-1), cond, torch.full((classes,), concentration, dtype=dtype), n, mechanism.scale
+        )
 
-    names = [f"p_{i + 1}{k + 1}[{j + 1}]" for i in range(classes) for k in range(features) for j in range(values)]
+    names = [
+        f"p_{i + 1}{k + 1}[{j + 1}]" for i in range(classes) for k in range(features) for j in range(values)
+    ]
     return Task(
         name="naive_bayes",
         prior=prior,

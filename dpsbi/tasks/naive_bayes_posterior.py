@@ -25,8 +25,14 @@ from .simplex import ProductSimplex
 def log_dirichlet_multinomial(counts: Tensor, alpha: Tensor) -> Tensor:
     """``log DirMult(counts | alpha)`` over the last dim (the total is ``counts.sum(-1)``)."""
     total, lg = counts.sum(-1), torch.lgamma
-    return (lg(total + 1) - lg(counts + 1).sum(-1) + lg(alpha + counts).sum(-1) - lg(total + alpha.sum(-1))
-            + lg(alpha.sum(-1)) - lg(alpha).sum(-1))
+    return (
+        lg(total + 1)
+        - lg(counts + 1).sum(-1)
+        + lg(alpha + counts).sum(-1)
+        - lg(total + alpha.sum(-1))
+        + lg(alpha.sum(-1))
+        - lg(alpha).sum(-1)
+    )
 
 
 class NaiveBayesPosterior(Distribution):
@@ -36,10 +42,14 @@ class NaiveBayesPosterior(Distribution):
 
     arg_constraints: dict = {}
 
-    def __init__(self, y: Tensor, cond_concentration: Tensor, class_concentration: Tensor, n: int, scale: float) -> None:
+    def __init__(
+        self, y: Tensor, cond_concentration: Tensor, class_concentration: Tensor, n: int, scale: float
+    ) -> None:
         classes, features, values = cond_concentration.shape
         if (classes, values) != (2, 2) or class_concentration.shape != (2,):
-            raise ValueError(f"the exact naive Bayes posterior needs 2 classes and binary features, got {(classes, features, values)}")
+            raise ValueError(
+                f"the exact naive Bayes posterior needs 2 classes and binary features, got {(classes, features, values)}"
+            )
         if y.numel() != classes * features * values:
             raise ValueError(f"release has {y.numel()} entries, expected {classes * features * values}")
         self.n, self.dtype = n, y.dtype
@@ -48,14 +58,22 @@ class NaiveBayesPosterior(Distribution):
         grid = torch.arange(n + 1, **opts)
         self.n_class = torch.stack([grid, n - grid], -1)  # (n+1, 2): row n_1
         a, n_i = grid[:, None, None, None], self.n_class[None, :, :, None]  # a against n_i: (a, n_1, I, K)
-        self.table = torch.stack([a.expand(-1, n + 1, classes, features), (n_i - a).expand(-1, -1, -1, features)], -1)
+        self.table = torch.stack(
+            [a.expand(-1, n + 1, classes, features), (n_i - a).expand(-1, -1, -1, features)], -1
+        )
         y_counts = y.to(**opts).reshape(classes, features, values) * n
-        log_w = log_dirichlet_multinomial(self.table.clamp(min=0), self.alpha) - (self.table - y_counts).abs().sum(-1) / (scale * n)
+        log_w = log_dirichlet_multinomial(self.table.clamp(min=0), self.alpha) - (
+            self.table - y_counts
+        ).abs().sum(-1) / (scale * n)
         log_w = torch.where((a <= n_i).expand_as(log_w), log_w, -torch.inf)
-        log_class = log_dirichlet_multinomial(self.n_class, self.alpha_pi) + torch.logsumexp(log_w, 0).sum((-1, -2))
+        log_class = log_dirichlet_multinomial(self.n_class, self.alpha_pi) + torch.logsumexp(log_w, 0).sum(
+            (-1, -2)
+        )
         self.class_weights = torch.softmax(log_class, 0)  # (n+1,): P(n_1 | y)
         self.block_weights = torch.softmax(log_w, 0)  # (a, n_1, I, K): P(a_ik | n_1, y)
-        super().__init__(torch.Size(), torch.Size([classes * features * values + classes]), validate_args=False)
+        super().__init__(
+            torch.Size(), torch.Size([classes * features * values + classes]), validate_args=False
+        )
 
     @property
     def support(self) -> ProductSimplex:
@@ -67,7 +85,9 @@ class NaiveBayesPosterior(Distribution):
         count = shape.numel()
         n1 = Categorical(probs=self.class_weights).sample((count,))  # (count,)
         a = Categorical(probs=self.block_weights[:, n1].movedim(0, -1)).sample()  # (count, I, K)
-        tables = torch.gather(self.table[:, n1], 0, a[None, ..., None].expand(1, -1, -1, -1, 2))[0]  # (count, I, K, 2)
+        tables = torch.gather(self.table[:, n1], 0, a[None, ..., None].expand(1, -1, -1, -1, 2))[
+            0
+        ]  # (count, I, K, 2)
         cond = Dirichlet(self.alpha + tables).sample()
         pi = Dirichlet(self.alpha_pi + self.n_class[n1]).sample()
         return torch.cat([cond.reshape(count, -1), pi], -1).to(self.dtype).reshape(shape + self.event_shape)
@@ -75,6 +95,7 @@ class NaiveBayesPosterior(Distribution):
     @cached_property
     def _moments(self) -> tuple[Tensor, Tensor]:
         """Exact posterior mean and variance ``(4K + 2,)`` from the mixture's Dirichlet moments (computed once)."""
+
         def beta_moments(first: Tensor, total: Tensor, weights: Tensor, dims) -> tuple[Tensor, Tensor]:
             m1 = (weights * first / total).sum(dims)
             m2 = (weights * first * (first + 1) / (total * (total + 1))).sum(dims)
@@ -84,7 +105,9 @@ class NaiveBayesPosterior(Distribution):
         first = self.alpha[..., 0] + self.table[..., 0]
         total = self.alpha.sum(-1) + self.n_class[None, :, :, None]
         mean_p, var_p = beta_moments(first, total, weight_cell, (0, 1))  # (I, K)
-        mean_pi, var_pi = beta_moments(self.alpha_pi + self.n_class, self.alpha_pi.sum() + self.n, self.class_weights[:, None], 0)
+        mean_pi, var_pi = beta_moments(
+            self.alpha_pi + self.n_class, self.alpha_pi.sum() + self.n, self.class_weights[:, None], 0
+        )
         mean = torch.cat([torch.stack([mean_p, 1 - mean_p], -1).flatten(), mean_pi])
         var = torch.cat([torch.stack([var_p, var_p], -1).flatten(), var_pi])
         return mean.to(self.dtype), var.to(self.dtype)
@@ -96,4 +119,3 @@ class NaiveBayesPosterior(Distribution):
     @property
     def variance(self) -> Tensor:
         return self._moments[1]
-

@@ -17,8 +17,8 @@ have a variance above ``A^2``. The paper gives no releases, so ``y_obs`` is simu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -58,7 +58,9 @@ class ClampedNormalRecords(ReparameterizedRecords):
     summarizer: Callable[[Tensor], Tensor]
     sequential: bool = False
 
-    def latent(self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def latent(
+        self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator | None = None
+    ) -> Tensor:
         return torch.randn(shape + (1,), generator=generator, device=like.device, dtype=like.dtype)
 
     def records(self, z: Tensor, theta: Tensor) -> Tensor:
@@ -78,11 +80,15 @@ class ClampedNormalRecords(ReparameterizedRecords):
         return self.summarizer(values)
 
 
-def _mechanism(statistic: str, release: str, noise: str, epsilon: float, delta: float | None, n: int, top: float) -> Mechanism:
+def _mechanism(
+    statistic: str, release: str, noise: str, epsilon: float, delta: float | None, n: int, top: float
+) -> Mechanism:
     """The release mechanism of the chosen statistic; ``top = A^a`` bounds a record's value."""
     if statistic in ("median", "max"):
         if noise != "laplace":
-            raise ValueError(f"the {statistic} is released with smooth-sensitivity Laplace noise; got noise={noise!r}")
+            raise ValueError(
+                f"the {statistic} is released with smooth-sensitivity Laplace noise; got noise={noise!r}"
+            )
         return SmoothSensitivityLaplace(epsilon, 1 / n**2 if delta is None else delta, top, n, statistic)
     dim, sensitivity = (n, top) if release == "sequential" else (1, top / n)
     if noise == "laplace":

@@ -19,12 +19,20 @@ def _weights(y: float, shape: float, rate: float, scale: float, s_max: int) -> t
     """Counts ``s = 0..s_max`` and their posterior probabilities given release ``y``."""
     s = torch.arange(s_max + 1, dtype=torch.float64)
     q = 1 / (1 + rate)  # s ~ NegBin(shape, q): the prior predictive of a Poisson-Gamma count
-    log_marginal = torch.lgamma(shape + s) - math.lgamma(shape) - torch.lgamma(s + 1) + shape * math.log1p(-q) + s * math.log(q)
+    log_marginal = (
+        torch.lgamma(shape + s)
+        - math.lgamma(shape)
+        - torch.lgamma(s + 1)
+        + shape * math.log1p(-q)
+        + s * math.log(q)
+    )
     logw = log_marginal - (y - s).abs() / scale
     return s, torch.softmax(logw, 0)
 
 
-def exact_posterior(y: Tensor, epsilon: float = 0.2, shape: float = 25.0, rate: float = 1.0) -> MixtureSameFamily:
+def exact_posterior(
+    y: Tensor, epsilon: float = 0.2, shape: float = 25.0, rate: float = 1.0
+) -> MixtureSameFamily:
     """Exact ``p(theta | y)``: the mixture over counts s of ``Gamma(shape + s, rate + 1)`` with weights
     ``p(s) Lap(y - s)``. The sum is truncated where the weights fall below 1e-300. Event shape ``(1,)``."""
     y0 = float(torch.as_tensor(y).reshape(-1)[0])
@@ -33,7 +41,12 @@ def exact_posterior(y: Tensor, epsilon: float = 0.2, shape: float = 25.0, rate: 
     s, w = _weights(y0, shape, rate, scale, s_max)
     keep = w > 1e-300
     dtype = torch.get_default_dtype()
-    components = Independent(Gamma((shape + s[keep]).to(dtype)[:, None], torch.full((int(keep.sum()), 1), rate + 1.0, dtype=dtype)), 1)
+    components = Independent(
+        Gamma(
+            (shape + s[keep]).to(dtype)[:, None], torch.full((int(keep.sum()), 1), rate + 1.0, dtype=dtype)
+        ),
+        1,
+    )
     return MixtureSameFamily(Categorical(probs=w[keep].to(dtype)), components)
 
 

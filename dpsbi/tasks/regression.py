@@ -21,7 +21,17 @@ STORED = {
     1.0: [-55.1400, -6.0000, 15.0400, 23.7800, 41.3000, -16.2100, -9.4600, -11.3300, 35.9500],
     0.1: [-333.8400, -106.5100, -1.3100, 399.9300, 229.9800, 19.6700, 84.5900, -55.4100, 88.9000],
 }
-STATISTIC_NAMES = ["X'y[0]", "X'y[1]", "X'y[2]", "y'y", "X'X[0,1]", "X'X[0,2]", "X'X[1,1]", "X'X[1,2]", "X'X[2,2]"]
+STATISTIC_NAMES = [
+    "X'y[0]",
+    "X'y[1]",
+    "X'y[2]",
+    "y'y",
+    "X'X[0,1]",
+    "X'X[0,2]",
+    "X'X[1,1]",
+    "X'X[1,2]",
+    "X'X[2,2]",
+]
 
 
 def sufficient_statistic(x: Tensor, y: Tensor, bound: float = 10.0) -> Tensor:
@@ -60,7 +70,11 @@ def make(
         b = theta.shape[0]
         opts = dict(generator=generator, device=theta.device, dtype=theta.dtype)
         x = mean.to(theta) + torch.randn(b, n, p, **opts)
-        y = theta[:, :1] + torch.einsum("bnj,bj->bn", x, theta[:, 1:]) + math.sqrt(noise_var) * torch.randn(b, n, **opts)
+        y = (
+            theta[:, :1]
+            + torch.einsum("bnj,bj->bn", x, theta[:, 1:])
+            + math.sqrt(noise_var) * torch.randn(b, n, **opts)
+        )
         return sufficient_statistic(x, y)
 
     def simulate_obs(generator: torch.Generator) -> Tensor:

@@ -23,7 +23,18 @@ STORED = {
 #: Observed infected fractions of real outbreaks (not releases of the mechanism).
 OUTBREAKS = {
     "influenza": [0.0010, 0.0039, 0.0105, 0.0367, 0.0996, 0.2910, 0.3840, 0.3368, 0.3106, 0.2516],
-    "ebola_guinea": [0.0010, 0.01105, 0.008450, 0.01290, 0.05095, 0.05200, 0.02240, 0.02115, 0.008350, 0.002250],
+    "ebola_guinea": [
+        0.0010,
+        0.01105,
+        0.008450,
+        0.01290,
+        0.05095,
+        0.05200,
+        0.02240,
+        0.02115,
+        0.008350,
+        0.002250,
+    ],
     "ebola_liberia": [0.0010, 0.00065, 0.001850, 0.06635, 0.2579, 0.07415, 0.06100, 0.05420, 0.01720, 0.0003],
     "ebola_sierra_leone": [0.0010, 0.0079, 0.0434, 0.2156, 0.2054, 0.09275, 0.05485, 0.03655, 0.0237, 0.0232],
     "covid_clark": [0.0010, 0.02812, 0.05655, 0.09776, 0.2108, 0.2443, 0.2574, 0.08640, 0.04337, 0.02629],
@@ -64,8 +75,12 @@ def _make(
 ) -> Task:
     dtype = torch.get_default_dtype()
     times = list(TIMES if times is None else times)
-    prior = MultivariateNormal(torch.tensor(prior_mean, dtype=dtype), torch.diag(torch.tensor(prior_var, dtype=dtype)))
-    mechanism = BinomialCurve(trials, population, len(times), epsilon=None if pseudo_count else epsilon, pseudo_count=pseudo_count)
+    prior = MultivariateNormal(
+        torch.tensor(prior_mean, dtype=dtype), torch.diag(torch.tensor(prior_var, dtype=dtype))
+    )
+    mechanism = BinomialCurve(
+        trials, population, len(times), epsilon=None if pseudo_count else epsilon, pseudo_count=pseudo_count
+    )
     simulate = _simulator(population, initial_infected, times, simulator)
     theta_true = torch.tensor([true_theta], dtype=dtype) if true_theta is not None else None
 
@@ -80,7 +95,9 @@ def _make(
         simulator=simulate,
         mechanism=mechanism,
         epsilon=mechanism.target_epsilon if epsilon is None else epsilon,
-        y_obs=observed_release(name, mechanism.target_epsilon if epsilon is None else epsilon, y_obs, stored, simulate_obs, seed),
+        y_obs=observed_release(
+            name, mechanism.target_epsilon if epsilon is None else epsilon, y_obs, stored, simulate_obs, seed
+        ),
         true_theta=theta_true,
         parameter_names=["log_beta", "log_gamma"],
         release_from_mechanism=release_from_mechanism,
@@ -101,8 +118,21 @@ def make(
 ) -> Task:
     """SIR with prior ``N((log 0.4, log 0.125), diag(0.5, 0.2))``, true theta (-0.5, -3), M = T N / epsilon."""
     return _make(
-        "sir", epsilon, y_obs, seed, STORED, [math.log(0.4), math.log(0.125)], [0.5, 0.2],
-        population, trials, None, initial_infected, times, simulator, TRUE_THETA, True,
+        "sir",
+        epsilon,
+        y_obs,
+        seed,
+        STORED,
+        [math.log(0.4), math.log(0.125)],
+        [0.5, 0.2],
+        population,
+        trials,
+        None,
+        initial_infected,
+        times,
+        simulator,
+        TRUE_THETA,
+        True,
     )
 
 
@@ -121,11 +151,26 @@ def _outbreak(key: str):
         """A real outbreak's infected fractions with the paper's settings (prior N((-2, -3), I), N = M = 100,
         K = 10^5). The data are observed fractions, not mechanism releases; ``epsilon`` is implied by M."""
         if epsilon is not None:
-            raise ValueError(f"task 'sir_{key}' has its privacy level fixed by pseudo_count; pass pseudo_count, not epsilon")
+            raise ValueError(
+                f"task 'sir_{key}' has its privacy level fixed by pseudo_count; pass pseudo_count, not epsilon"
+            )
         given = y_obs is not None
         return _make(
-            f"sir_{key}", None, y_obs if given else OUTBREAKS[key], seed, {}, [-2.0, -3.0], [1.0, 1.0],
-            population, trials, pseudo_count, initial_infected, times, simulator, None, given,
+            f"sir_{key}",
+            None,
+            y_obs if given else OUTBREAKS[key],
+            seed,
+            {},
+            [-2.0, -3.0],
+            [1.0, 1.0],
+            population,
+            trials,
+            pseudo_count,
+            initial_infected,
+            times,
+            simulator,
+            None,
+            given,
         )
 
     return make_outbreak

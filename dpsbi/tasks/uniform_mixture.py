@@ -92,7 +92,9 @@ def make(
     """``theta ~ Dir(1_5)``, ``n_obs`` draws of ``sum_i theta_i U[i-1, i]``, summarized by their mean embedding
     (see the module docstring); release by the Gaussian mechanism with L2 sensitivity ``2 / n_obs``."""
     if int(n_obs) < 1 or int(num_frequencies) < 1 or (bandwidth is not None and not bandwidth > 0):
-        raise ValueError(f"need n_obs >= 1, num_frequencies >= 1 and bandwidth > 0, got {n_obs}, {num_frequencies}, {bandwidth}")
+        raise ValueError(
+            f"need n_obs >= 1, num_frequencies >= 1 and bandwidth > 0, got {n_obs}, {num_frequencies}, {bandwidth}"
+        )
     dtype = torch.get_default_dtype()
     prior = Dirichlet(torch.ones(5, dtype=dtype))
     frequencies, weights = spectral_quadrature(bandwidth or median_bandwidth(), num_frequencies)
@@ -101,7 +103,10 @@ def make(
     rows = max(1, _CHUNK_ELEMENTS // (n_obs * num_frequencies))
 
     def simulator(theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        chunks = [mean_embedding(sample_mixture(t, n_obs, generator), frequencies, weights) for t in theta.split(rows)]
+        chunks = [
+            mean_embedding(sample_mixture(t, n_obs, generator), frequencies, weights)
+            for t in theta.split(rows)
+        ]
         return torch.cat(chunks)
 
     generator = torch.Generator().manual_seed(seed)
