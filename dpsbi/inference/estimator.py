@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import TensorDataset
-from tqdm.auto import trange
+from tqdm.auto import tqdm
 
 from ..files import exclusive, load_sealed, save_sealed
 from ..tasks import Task
@@ -46,6 +47,13 @@ PAPER_TRAINING = {
     "max_epochs": None,
     "max_steps": None,
 }
+
+
+def _held_rows(stored: Tensor, theta: Tensor) -> Tensor:
+    """Boolean ``(n,)``: whether each row of ``theta (n, d)`` equals, bit for bit, a row of ``stored (N, d)``."""
+    stored, theta = stored.detach().cpu().contiguous(), theta.detach().cpu().to(stored.dtype).contiguous()
+    key = np.dtype((np.void, stored.dtype.itemsize * stored.shape[-1]))
+    return torch.from_numpy(np.isin(theta.numpy().view(key).ravel(), stored.numpy().view(key).ravel()))
 
 
 def unexpected_keywords(estimator: str, keywords: dict) -> str:
@@ -196,17 +204,38 @@ class SequentialEstimator(abc.ABC):
         start = len(self.history) or self._resume()
         self._drop_pending_if_stored()
         posterior = self.posterior(start - 1) if start else None
-        for r in trange(
-            start,
-            self.rounds,
+        bar = tqdm(
+            total=self.rounds,
+            initial=start,
             desc=f"{self.method} rounds",
+            unit="round",
             disable=not self.progress or start >= self.rounds,
-        ):
-            began = time.perf_counter()
+        )
+        with bar:
+            for r in range(start, self.rounds):
+                posterior = self._round(r, posterior, bar)
+                bar.update(1)
+        return posterior
+
+    def _round(self, r: int, posterior: Posterior | None, bar: tqdm) -> Posterior:
+        """Simulate and train round ``r`` from the previous round's ``posterior``; returns the new one. A
+        round either finishes (its simulations and weights kept, the checkpoint written) or leaves the
+        estimator as it found it: after an exception or Ctrl-C, :meth:`run` again redoes the round from the
+        same state (the same simulations, appended ones included, and the same result), never storing any twice."""
+        began, rows, pending = time.perf_counter(), self.num_simulations, self.pending
+        weights = None if self.flow is None else copy.deepcopy(self.flow.state_dict())
+        try:
             self._simulate(r, posterior)
             if self.flow is None:
                 self.flow = self._build_flow()
-            label = f"{self.method} round {r}"
+            bar.set_postfix_str(f"{self.num_simulations} simulations, training")
+
+            def on_epoch(epoch: int, train_loss: float, val_loss: float) -> None:
+                bar.set_postfix_str(
+                    f"{self.num_simulations} simulations, epoch {epoch}, "
+                    f"loss {train_loss:.3f} (validation {val_loss:.3f})"
+                )
+
             fit = fit_flow(
                 self.flow,
                 self.loss(r),
@@ -214,21 +243,29 @@ class SequentialEstimator(abc.ABC):
                 self._dataset(True),
                 self.settings,
                 derive_seed(self.seed, r, "fit"),
-                self.progress,
-                label,
+                f"{self.method} round {r}",
+                on_epoch,
             )
-            posterior = self.posterior(r)
-            self.history.append(
-                {
-                    "round": r,
-                    "num_simulations": self.num_simulations,
-                    "seconds": time.perf_counter() - began,
-                    **fit,
-                }
-            )
-            self._save_checkpoint()
-            if self.on_round_end is not None:
-                self.on_round_end(r, posterior, self.num_simulations)
+        except BaseException:
+            self.data = {k: v[:rows] for k, v in self.data.items()} if rows else {}
+            self.pending = pending
+            if weights is None:
+                self.flow = None
+            else:
+                self.flow.load_state_dict(weights)
+            raise
+        posterior = self.posterior(r)
+        self.history.append(
+            {
+                "round": r,
+                "num_simulations": self.num_simulations,
+                "seconds": time.perf_counter() - began,
+                **fit,
+            }
+        )
+        self._save_checkpoint()
+        if self.on_round_end is not None:
+            self.on_round_end(r, posterior, self.num_simulations)
         return posterior
 
     def append_simulations(self, theta: Tensor, s) -> SequentialEstimator:
@@ -236,10 +273,25 @@ class SequentialEstimator(abc.ABC):
         dim_s)`` (tensor or numpy array) simulated outside dpsbi (another program, a cluster job), used in
         place of ``task.simulate``. ``theta`` must be draws from that round's proposal, :meth:`propose`: the
         prior for the first round, the current posterior at ``task.y_obs`` after. Returns ``self``, so that
-        ``SPPE(task, rounds=1).append_simulations(theta, s).run()`` reads as in sbi. Rerunning a script
-        against a checkpoint that already holds these simulations does not add them twice."""
+        ``SPPE(task, rounds=1).append_simulations(theta, s).run()`` reads as in sbi. Calls add up: every
+        call adds its rows to the next round, until it runs. Rows that are exactly rows already waiting for
+        the next round (a notebook cell run twice) are not added again, with a warning; rerunning a script
+        against a checkpoint that already holds these simulations does not add them twice either."""
         theta = self.task.check_theta(theta)
-        self.pending = (theta, self.task.check_summary(theta, s, "appended summaries have"))
+        s = self.task.check_summary(theta, s, "appended summaries have")
+        if self.pending is not None:
+            held = _held_rows(self.pending[0], theta)
+            if held.all():
+                warnings.warn(
+                    f"these {theta.shape[0]} simulations are already appended for the next round; not adding them twice",
+                    stacklevel=2,
+                )
+                return self
+            theta, s = (
+                torch.cat([self.pending[0], theta]),
+                torch.cat([self.pending[1], s.to(self.pending[1])]),
+            )
+        self.pending = (theta, s)
         return self
 
     def propose(self, n: int, seed: int = 0) -> Tensor:
@@ -299,12 +351,8 @@ class SequentialEstimator(abc.ABC):
         """Forget appended simulations that a resumed checkpoint already holds (a rerun of the same script)."""
         if self.pending is None or not self.data:
             return
-        theta = self.pending[0].to(self.data["theta"])
-        for r in self.data["round"].unique().tolist():
-            stored = self.data["theta"][self.data["round"] == r]
-            if stored.shape == theta.shape and torch.equal(stored, theta):
-                self.pending = None
-                return
+        new = ~_held_rows(self.data["theta"], self.pending[0])
+        self.pending = (self.pending[0][new], self.pending[1][new]) if new.any() else None
 
     def _build_flow(self) -> ConditionalFlow:
         with torch.random.fork_rng(devices=[]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -10,6 +11,10 @@ from sbi.neural_nets.net_builders.flow import build_nsf
 from torch import Tensor, nn
 
 from .settings import Settings
+
+# nflows' LU transform (inside sbi's spline flows) calls torch.triangular_solve, deprecated by torch; not our
+# call, so it is silenced here, narrowly: that message, from that module only.
+warnings.filterwarnings("ignore", r"torch\.triangular_solve is deprecated", module=r"nflows\.transforms\.lu")
 
 
 @dataclass(frozen=True)

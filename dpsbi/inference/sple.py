@@ -44,6 +44,7 @@ class SPLE(SequentialEstimator):
         cell_points: int = 8,
         **kwargs,
     ) -> None:
+        task.mechanism.require_likelihood_flow(self.method)  # a density or a lattice, not an atom on one
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         self.mcmc = MCMCConfig.coerce(mcmc)
         self.dequantize = bool(dequantize) and task.mechanism.lattice is not None
@@ -79,6 +80,7 @@ class SPLE(SequentialEstimator):
 
     def posterior(self, round_index: int) -> LikelihoodPosterior:
         flow = self._posterior_flow()
+        # no sampler bars (a fit shows one bar over its rounds); a call can ask: sample(..., show_progress_bars=True)
         return LikelihoodPosterior(
-            self.task, flow, self.method, self.mcmc, self.progress, self.dequantize, self.cell_points
+            self.task, flow, self.method, self.mcmc, False, self.dequantize, self.cell_points
         )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +26,10 @@ from .settings import Settings
 Loss = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], Tensor]
 #: Learning-rate schedules within a round (see :class:`TrainingSettings`).
 LR_SCHEDULES = ("constant", "cosine")
+#: ``on_epoch(epoch, train_loss, val_loss)``: called after every validated epoch (the estimators' round bar).
+EpochCallback = Callable[[int, float, float], None]
+#: Lightning's loggers: their INFO lines are a banner ("GPU available ...") and an advert on every fit.
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class LossModule(pl.LightningModule):
         val_seed: int,
         label: str = "training",
         total_steps: int | None = None,
+        on_epoch: EpochCallback | None = None,
     ) -> None:
         super().__init__()
         self.flow, self.loss, self.settings, self.label, self.total_steps = (
@@ -109,20 +116,23 @@ class LossModule(pl.LightningModule):
             label,
             total_steps,
         )
-        self.train_seed, self.val_seed = train_seed, val_seed
-        self.best_loss, self.best_state, self.epochs = math.inf, None, 0
+        self.train_seed, self.val_seed, self.on_epoch = train_seed, val_seed, on_epoch
+        self.best_loss, self.best_state, self.epochs, self.train_loss = math.inf, None, 0, math.nan
 
     def on_fit_start(self) -> None:
         self.train_generator = torch.Generator(device=self.device).manual_seed(self.train_seed)
 
     def on_train_epoch_start(self) -> None:
         self.first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.train_sum = torch.zeros((), device=self.device)
+        self.train_count = 0
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss = self.loss(self.flow, batch, self.train_generator)
         unseen = (self.first_bad_step < 0) & ~torch.isfinite(loss)
         self.first_bad_step = torch.where(unseen, batch_idx, self.first_bad_step)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[0]))
+        self.train_sum = self.train_sum + loss.detach() * len(batch[0])  # read once per epoch, on the host
+        self.train_count += len(batch[0])
         return loss
 
     def on_validation_epoch_start(self) -> None:
@@ -141,11 +151,14 @@ class LossModule(pl.LightningModule):
             self._fail(f"the training loss at step {bad_step}")
         if not math.isfinite(value):
             self._fail(f"the validation loss ({value})")
-        self.log("val_loss", value, prog_bar=True)
+        self.log("val_loss", value)
         self.epochs += 1
+        self.train_loss = float(self.train_sum) / max(self.train_count, 1)
         if value < self.best_loss:
             self.best_loss = value
             self.best_state = {k: v.detach().clone() for k, v in self.flow.state_dict().items()}
+        if self.on_epoch is not None:
+            self.on_epoch(self.epochs, self.train_loss, value)
 
     def _fail(self, what: str) -> None:
         raise NonFiniteLossError(
@@ -164,23 +177,43 @@ class LossModule(pl.LightningModule):
 
 
 @contextlib.contextmanager
-def _quiet(progress: bool):
-    """Silence Lightning's banner and its data-loader advice (the data sit in memory) unless ``progress``."""
-    loggers = [
-        logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")
-    ]
+def _quiet():
+    """Silence Lightning for one fit: its INFO lines (banner, advert, the KeyboardInterrupt notice), its
+    data-loader advice (the data sit in memory) and its own call of a deprecated torch pytree API. Filters
+    match by message and module, so that any other warning still shows."""
+    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*number of training batches.*smaller than the logging interval.*")
-        if not progress:
-            for lg in loggers:
-                lg.setLevel(logging.WARNING)
+        warnings.filterwarnings(
+            "ignore", r".*isinstance\(treespec, LeafSpec\)` is deprecated", module=r"pytorch_lightning\."
+        )
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
         try:
             yield
         finally:
             for lg, level in zip(loggers, levels):
                 lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Ctrl-C during ``Trainer.fit`` as a ``KeyboardInterrupt``. Lightning turns it into ``SystemExit(1)`` and
+    leaves SIGINT ignored for the rest of the process (a notebook could no longer be interrupted); this
+    restores the handler and raises the interrupt the caller expects."""
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    except SystemExit as exit_:
+        if isinstance(exit_.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt("training interrupted") from None
+        raise
+    finally:
+        if main and signal.getsignal(signal.SIGINT) is not handler:
+            signal.signal(signal.SIGINT, handler)
 
 
 class Batches(Sampler[Tensor]):
@@ -225,13 +258,14 @@ def fit_flow(
     val: TensorDataset,
     settings: TrainingSettings,
     seed: int,
-    progress: bool = True,
     label: str = "training",
+    on_epoch: EpochCallback | None = None,
 ) -> dict:
     """Train ``flow`` in place with one Lightning ``Trainer`` until the validation loss has not improved
     for ``patience`` epochs (or ``max_epochs`` / ``max_steps``), then restore its best weights; the flow stays on the
-    training device. A non-finite loss raises :class:`NonFiniteLossError` naming ``label``. Returns
-    ``{"epochs", "steps", "best_val_loss"}``."""
+    training device. Lightning prints nothing; ``on_epoch(epoch, train_loss, val_loss)`` reports each epoch.
+    A non-finite loss raises :class:`NonFiniteLossError` naming ``label``; Ctrl-C raises ``KeyboardInterrupt``.
+    Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the last epoch's mean)."""
     shuffle = torch.Generator().manual_seed(derive_seed(seed, "shuffle"))
     batches = _loader(train, settings.batch_size, shuffle)
     epochs = epoch_budget(settings, len(batches))
@@ -243,8 +277,10 @@ def fit_flow(
         derive_seed(seed, "validation"),
         label,
         total_steps=None if epochs is None else epochs * len(batches),
+        on_epoch=on_epoch,
     )
-    with _quiet(progress):
+    flow.train()  # Lightning leaves it in eval mode after validating, and warns about that at the next fit
+    with _quiet(), _interruptible():
         trainer = pl.Trainer(
             accelerator=settings.accelerator,
             devices=settings.devices,
@@ -255,7 +291,7 @@ def fit_flow(
                 EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min", check_finite=False)
             ],
             num_sanity_val_steps=0,
-            enable_progress_bar=progress,
+            enable_progress_bar=False,
             enable_model_summary=False,
             enable_checkpointing=False,
             logger=False,
@@ -265,4 +301,9 @@ def fit_flow(
         raise RuntimeError("training produced no finite validation loss")
     flow.load_state_dict(module.best_state)
     flow.to(trainer.strategy.root_device)
-    return {"epochs": module.epochs, "steps": trainer.global_step, "best_val_loss": module.best_loss}
+    return {
+        "epochs": module.epochs,
+        "steps": trainer.global_step,
+        "train_loss": module.train_loss,
+        "best_val_loss": module.best_loss,
+    }
