@@ -75,7 +75,7 @@ def diagnostics(posterior: LikelihoodPosterior, n: int, seed: int) -> dict:
     info: dict = {}
 
     def with_info(*args, **kwargs):
-        return slice_sample(*args, **kwargs, info=info)
+        return slice_sample(*args, **{**kwargs, "info": info})
 
     posterior_module.slice_sample = with_info
     try:

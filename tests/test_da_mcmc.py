@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import dpsbi
-from dpsbi.baselines.da_mcmc import chain_diagnostics, da_mcmc, gelman_rubin, record_sweep
+from dpsbi.baselines.da_mcmc import da_mcmc, record_sweep
 from dpsbi.baselines.exact_abc import abc_is, seeded
 from dpsbi.baselines.records import RegressionRecords, record_model
+from dpsbi.diagnostics import rhat
 from dpsbi.metrics import c2st
 
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
@@ -111,12 +112,16 @@ def test_record_sweep_accepts_by_the_mechanism_ratio():
     assert record_sweep(mechanism, y, shares + 0.7, shares, GEN(0)).all()
 
 
-def test_gelman_rubin_flags_chains_that_disagree():
+def test_rhat_flags_chains_that_disagree():
+    """DA-MCMC's ``rhat`` is ArviZ's rank-normalized split R-hat (dpsbi.diagnostics; Gelman-Rubin's before)."""
     chains = torch.randn(8, 2000, 2, generator=GEN(0))
-    assert ((gelman_rubin(chains) - 1).abs() < 0.01).all()
+    assert ((rhat(chains) - 1).abs() < 0.01).all()
     shifted = chains + torch.arange(8.0).reshape(8, 1, 1)
-    assert (gelman_rubin(shifted) > 2).all()
-    assert set(chain_diagnostics(chains)) == {"iat", "ess", "rhat"}
+    assert (rhat(shifted) > 2).all()
+    task = dpsbi.tasks.load("naive_bayes", epsilon=10.0)
+    result = da_mcmc(task, 40, num_chains=4, burn_in=10, seed=0, progress=False)
+    assert set(result.info) >= {"iat", "ess", "ess_tail", "rhat"}
+    assert torch.equal(result.info["rhat"], rhat(result.info["chains"]))
 
 
 def test_clear_errors():

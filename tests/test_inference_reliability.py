@@ -96,7 +96,7 @@ def test_two_estimators_never_share_a_checkpoint_directory(tmp_path):
 
 @pytest.mark.parametrize(
     "y_obs, match",
-    [([[0.1, 0.2, 0.3]], r"shape \(n, 2\)"), ([[float("nan"), 0.0]], "outside the support")],
+    [([[0.1, 0.2, 0.3]], r"shape \(n, 2\)"), ([[float("nan"), 0.0]], "holds NaN")],
     ids=["wrong-length", "nan"],
 )
 def test_a_bad_release_is_refused_at_construction(y_obs, match):

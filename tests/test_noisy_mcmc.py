@@ -17,10 +17,10 @@ from dpsbi.baselines.fisher import (
     fisher_summary_is,
     rank_statistics,
 )
-from dpsbi.baselines.iat import effective_sample_size, integrated_autocorrelation_time
 from dpsbi.baselines.mcmc_clt import mh_clt
 from dpsbi.baselines.mhaar import mhaar
 from dpsbi.baselines.pmmh import pmmh
+from dpsbi.diagnostics import ess, integrated_autocorrelation_time
 from dpsbi.mechanisms import Gaussian
 from dpsbi.mechanisms.smooth_laplace import (
     SmoothSensitivityLaplace,
@@ -60,21 +60,21 @@ def assert_matches_exact(result, exact, seed: int = 0) -> None:
 
 
 def test_iat_of_ar1_chains_matches_closed_form():
+    """The integrated autocorrelation time that ArviZ's bulk ESS implies (dpsbi.diagnostics; Sokal's adaptive
+    window estimator before), on AR(1) chains ``(C, T, 1)``: ``(1 + rho) / (1 - rho)``."""
     rho, chains, length = 0.9, 8, 20000
     gen = GEN(1)
     noise = torch.randn(chains, length, generator=gen)
     noise[:, 0] /= math.sqrt(1 - rho**2)  # stationary start
     x = torch.as_tensor(lfilter([1.0], [1.0, -rho], noise.numpy(), axis=1))
     tau, expected = integrated_autocorrelation_time(x[..., None]), (1 + rho) / (1 - rho)
-    # Sokal: Var(tau_hat) ~ 2 (2M + 1) tau^2 / T with window M ~ 5 tau; the chains' averaged ACF divides by C.
+    # Sokal's bound: Var(tau_hat) ~ 2 (2M + 1) tau^2 / (C T) with window M ~ 5 tau.
     sd = expected * math.sqrt(2 * (2 * 5 * expected + 1) / (chains * length))
     assert tau.shape == (1,) and abs(float(tau) - expected) < 4 * sd, (float(tau), expected, sd)
-    white = integrated_autocorrelation_time(noise[0, 1:])
+    white = integrated_autocorrelation_time(noise[:1, 1:, None])
     assert abs(float(white) - 1.0) < 4 * math.sqrt(2 * 11 / length)
-    assert effective_sample_size(x[..., None]).item() == pytest.approx(chains * length / float(tau))
-    assert integrated_autocorrelation_time(x[:2].T).shape == (2,)  # (T, d)
-    assert integrated_autocorrelation_time(torch.ones(50)).item() == math.inf
-    with pytest.raises(ValueError, match="chain must be"):
+    assert ess(x[..., None]).item() == pytest.approx(chains * length / float(tau))
+    with pytest.raises(ValueError, match="chains must have shape"):
         integrated_autocorrelation_time(torch.ones(2, 2, 2, 2))
 
 

@@ -5,7 +5,6 @@ from .abcdp import abcdp, abcdp_epsilon, abcdp_noise_scale, flip_probability, ga
 from .da_mcmc import da_mcmc
 from .exact_abc import SimulationBudgetExceeded, abc_is, rejection_abc
 from .fisher import FisherEstimate, fisher_information, rank_statistics
-from .iat import effective_sample_size, integrated_autocorrelation_time
 from .mcem import ExponentialFamily, MCEMResult, PoissonFamily, mcem
 from .mcmc_clt import mh_clt
 from .mhaar import mhaar
@@ -25,11 +24,9 @@ __all__ = [
     "abcdp_epsilon",
     "abcdp_noise_scale",
     "da_mcmc",
-    "effective_sample_size",
     "fisher_information",
     "flip_probability",
     "gaussian_mmd",
-    "integrated_autocorrelation_time",
     "mcem",
     "mh_clt",
     "mhaar",

@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..diagnostics import chain_diagnostics
 from ..mechanisms import Mechanism
 from ..tasks import Task
 from .exact_abc import target_release
-from .iat import integrated_autocorrelation_time
 from .records import RecordModel, record_model
 from .result import BaselineResult
 
@@ -41,7 +41,8 @@ def da_mcmc(
     Returns the kept draws ``(num_chains * kept, dim_theta)``, chain after chain; ``num_simulations``
     counts proposed data sets of ``n`` records (one per chain and iteration). ``info`` holds
     ``chains (num_chains, kept, dim_theta)``, the record ``acceptance_rate`` (and ``acceptance_trace``,
-    per iteration), the integrated autocorrelation time ``iat`` and ``ess`` per parameter, and ``rhat``.
+    per iteration) and the chains' diagnostics per parameter (:func:`dpsbi.diagnostics.chain_diagnostics`:
+    ArviZ's bulk ``ess`` and ``ess_tail``, rank-normalized split ``rhat``, and the implied ``iat``).
     Randomness comes from ``generator``, or else a fresh one seeded with ``seed``, or else torch's global RNG.
 
     Each sweep is ``n`` sequential steps of small tensor operations, so its cost hardly grows with
@@ -112,19 +113,3 @@ def record_sweep(
         log_eta = torch.where(ok, log_eta_new, log_eta)
         accepted.append(ok)
     return torch.stack(accepted, 1)
-
-
-def gelman_rubin(chains: Tensor) -> Tensor:
-    """Potential scale reduction ``R-hat (d,)`` of ``chains (C, T, d)`` (Gelman & Rubin): near 1 when the
-    chains agree, above 1 while they still remember their starting points."""
-    t = chains.shape[1]
-    within = chains.var(1).mean(0)
-    between = chains.mean(1).var(0) if chains.shape[0] > 1 else torch.zeros_like(within)
-    return ((within * (t - 1) / t + between) / within).sqrt()
-
-
-def chain_diagnostics(chains: Tensor) -> dict[str, Tensor]:
-    """Integrated autocorrelation time ``iat``, effective sample size ``ess`` and ``rhat``, each ``(d,)``,
-    of ``chains (C, T, d)``."""
-    iat = integrated_autocorrelation_time(chains)
-    return dict(iat=iat, ess=chains.shape[0] * chains.shape[1] / iat, rhat=gelman_rubin(chains))

@@ -222,6 +222,7 @@ def fisher_information(
         return clt_fisher_information(
             summary_model_of(task, None, "the CLT Fisher information"), task.mechanism, theta
         )
+    task.mechanism.require_log_prob(f"fisher_information(method={method!r})")
     options = dict(num_releases=num_releases, num_inner=num_inner, debias=debias, generator=generator)
     if method == "summary":
         return fisher_summary_is(

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..diagnostics import chain_diagnostics
 from ..mechanisms.base import open_unit
 from ..tasks import Task
-from .iat import integrated_autocorrelation_time
 from .result import BaselineResult
 from .smc_abc import unconstrained_log_prior
 
@@ -103,9 +103,10 @@ def run_metropolis(
 
     Keeps every ``thin``-th state after ``burn_in`` (default: a quarter). Returns the kept draws
     ``(num_chains * kept, dim_theta)``, chain after chain; ``info`` holds ``chains (C, kept, dim_theta)``,
-    ``acceptance_rate`` (overall, after burn-in) and ``acceptance_per_chain``, the integrated
-    autocorrelation time ``iat`` and ``ess`` (both ``(dim_theta,)``, over the kept draws of all chains), and
-    the move's own settings.
+    ``acceptance_rate`` (overall, after burn-in) and ``acceptance_per_chain``, the chains' diagnostics
+    (:func:`dpsbi.diagnostics.chain_diagnostics`, each ``(dim_theta,)``: ArviZ's bulk ``ess`` and ``ess_tail``,
+    rank-normalized split ``rhat``, NaN for one chain, and the integrated autocorrelation time ``iat`` that
+    the bulk ESS implies), and the move's own settings.
     """
     burn_in = num_iterations // 4 if burn_in is None else int(burn_in)
     if num_chains < 1 or thin < 1 or not 0 <= burn_in < num_iterations:
@@ -149,7 +150,6 @@ def run_metropolis(
                 acceptance=f"{accepted.sum().item() / max(1, (step - burn_in + 1) * num_chains):.3f}"
             )
     chains = torch.stack(kept, 1)
-    iat = integrated_autocorrelation_time(chains)
     steps = num_iterations - burn_in
     return BaselineResult(
         samples=chains.reshape(-1, chains.shape[-1]),
@@ -158,8 +158,7 @@ def run_metropolis(
             chains=chains,
             acceptance_rate=float(accepted.sum()) / (steps * num_chains),
             acceptance_per_chain=accepted / steps,
-            iat=iat,
-            ess=chains.shape[0] * chains.shape[1] / iat,
+            **chain_diagnostics(chains),
             method=method,
             num_chains=num_chains,
             burn_in=burn_in,

@@ -35,3 +35,32 @@ class BaselineResult:
             return self.samples[:num_samples]
         idx = torch.multinomial(self.weights, num_samples, replacement=True, generator=generator)
         return self.samples[idx]
+
+    def to_arviz(
+        self,
+        task=None,
+        method: str | None = None,
+        y: Tensor | None = None,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        predictive: bool = False,
+    ):
+        """The draws as an ``arviz.InferenceData`` (:func:`dpsbi.diagnostics.baseline_inference_data`), with a
+        posterior variable ``(chain, draw)`` per parameter, named after ``task.parameter_names`` when ``task``
+        is given (else ``theta[i]``):
+
+        - MCMC (``info["chains"]``: PMMH, MHAAR, MH-CLT, DA-MCMC): the chains as chains, all their kept draws;
+        - importance weights (ABC-IS, SMC-ABC): ``num_samples`` (default: as many as there are weighted draws)
+          multinomially resampled draws in one chain, since every ArviZ function takes draws as equally
+          weighted (a weight per draw in ``sample_stats`` would be silently ignored by ``arviz.summary`` and the
+          plots); the weighted draws stay on this result, and the attributes say ``kish_ess``;
+        - other draws (rejection ABC, ABCDP): one chain (the first ``num_samples`` if given).
+
+        Attributes: ``method`` (default ``info["method"]``, else ``"baseline"``), ``num_simulations``,
+        ``sampler``, ``num_chains``, ``settings`` (the scalar entries of ``info``, JSON), and with ``task``:
+        ``task``, ``epsilon`` and the ``release`` (``y``, default ``task.y_obs``, also ``observed_data.release``).
+        ``predictive=True`` (needs ``task``) adds a release simulated from every draw as
+        ``posterior_predictive.release``. ``generator`` drives the resampling and the simulations."""
+        from ..diagnostics import baseline_inference_data
+
+        return baseline_inference_data(self, task, method, y, num_samples, generator, predictive)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..diagnostics import DRAWS_PER_CHAIN, summary
 from ..tasks import Task
 
 #: ``on_round(index, draws (n, dim_theta), num_simulations, state)``; ``state`` is what gets saved.
@@ -119,7 +120,12 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in [
         Method("sppe", "dpsbi.inference:SPPE", neural=True),
-        Method("sple", "dpsbi.inference:SPLE", neural=True),
+        Method(
+            "sple",
+            "dpsbi.inference:SPLE",
+            neural=True,
+            preflight=lambda task: task.mechanism.require_likelihood_flow("sple"),
+        ),
         Method("naive_npe", "dpsbi.inference:NaiveNPE", neural=True, preflight=_release_shaped_like_summary),
         Method(
             "rejection_abc",
@@ -166,6 +172,26 @@ def baseline_draws(result, num_samples: int, generator: torch.Generator | None =
         samples.shape[0], generator=generator, device=generator.device if generator else None
     )
     return samples[index[:num_samples].to(samples.device)]
+
+
+def chain_summary(state: Any, num_samples: int, seed: int) -> dict[str, float | None]:
+    """R-hat (the largest over parameters) and bulk ESS (the smallest) of the chains behind a round's draws,
+    ArviZ's (:func:`dpsbi.diagnostics.summary`), for the run's rows: ``{}`` for a state without chains (a flow
+    posterior's draws are independent; importance and rejection draws).
+
+    An MCMC posterior (SPLE) is diagnosed on its chains at its default release, run under the round's ``seed``
+    to ``max(num_samples, DRAWS_PER_CHAIN x num_chains)`` draws (:data:`dpsbi.diagnostics.DRAWS_PER_CHAIN`):
+    the same chains as the round's ``num_samples`` draws, which are their first draws, continued so that the
+    ESS can be estimated (an extra sampler run, counted with the scoring, not in the wall time). A baseline
+    is diagnosed on ``info["chains"]``."""
+    if hasattr(state, "sample_chains"):
+        draws = max(int(num_samples), DRAWS_PER_CHAIN * int(state.mcmc.num_chains))
+        return summary(state.sample_chains(draws, seed=seed))
+    info = getattr(state, "info", None)
+    chains = info.get("chains") if isinstance(info, dict) else None
+    if torch.is_tensor(chains) and chains.ndim == 3:
+        return summary(chains)
+    return {}
 
 
 def _estimator(

@@ -27,6 +27,8 @@ SUMMARY_COLUMNS = (
     "mmd",
     "nlog",
     "lmd",
+    "rhat",
+    "ess_bulk",
 )
 
 
@@ -103,6 +105,8 @@ COLUMN_MEANINGS = {
     "mmd": "maximum mean discrepancy between the draws and the reference's: lower is better, 0 = same distribution",
     "nlog": "minus log posterior density (KDE of the draws) at the true parameter: lower is better",
     "lmd": "log median distance between releases simulated from the draws and the observed release: lower is better",
+    "rhat": "MCMC chains' rank-normalized split R-hat (ArviZ), largest over parameters: near 1 when the chains agree (Vehtari et al. ask < 1.01; chains of 20 draws read 1.01-1.02 even for independent draws)",
+    "ess_bulk": "MCMC chains' bulk effective sample size (ArviZ), smallest over parameters: their worth in independent draws (SPLE: its chains run on to 20 draws each, 10000 for 500 chains)",
 }
 
 

@@ -135,3 +135,100 @@ def comparison_plot(rows: list[dict], metrics: Sequence[str], path: Path) -> Non
         axes[t, 0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+#: Release coordinates drawn as one histogram panel each; a longer release is drawn as intervals in one panel.
+PPC_PANELS = 12
+
+
+def ppc_plot(
+    task,
+    draws: Tensor | dict[str, Tensor],
+    path: Path,
+    y: Tensor | None = None,
+    num_releases: int = 500,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    """Posterior predictive check: releases simulated from the first ``num_releases`` posterior draws
+    (``task.simulate_release``: ``task.simulate``, then ``task.mechanism.sample``, one release per draw) against
+    the observed release ``y`` (default ``task.y_obs``; none drawn when there is none). ``draws`` is one set
+    ``(n, dim_theta)`` or several ``{label: (n, dim_theta)}``, drawn in their own colours.
+
+    A release of up to :data:`PPC_PANELS` coordinates gets a panel per coordinate: the histogram of each set's
+    simulated values, the observed value as a black line. A longer release gets one panel: per coordinate, each
+    set's median and central 50% and 90% intervals of the simulated values, the observed values as black dots.
+    Saved to ``path``; returns each set's predictive tail probabilities ``P(y_sim <= y_obs) (dim_s,)`` (empty
+    without an observed release): values near 0 or 1 flag coordinates that the posterior does not reproduce."""
+    sets = {"posterior": draws} if torch.is_tensor(draws) else dict(draws)
+    observed = task.y_obs if y is None else task.check_release(y)
+    observed = None if observed is None else observed.detach().cpu().double().reshape(-1)
+    simulated = {
+        label: task.simulate_release(
+            x[:num_releases].detach().to(task.prior.mean.device, torch.get_default_dtype()),
+            generator=generator,
+        )
+        .cpu()
+        .double()
+        for label, x in sets.items()
+    }
+    colors = {label: f"C{i}" for i, label in enumerate(simulated)}
+    dim = task.dim_s
+    if dim <= PPC_PANELS:
+        cols = min(dim, 4)
+        rows = -(-dim // cols)
+        fig = Figure(figsize=(3.2 * cols, 2.6 * rows + 0.4))
+        axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
+        for j in range(dim):
+            ax = axes[j]
+            pooled = torch.cat([s[:, j] for s in simulated.values()])
+            low, high = float(pooled.min()), float(pooled.max())
+            if observed is not None:
+                low, high = min(low, float(observed[j])), max(high, float(observed[j]))
+            bins = torch.linspace(low, high + 1e-9 * max(1.0, abs(high)), 31).numpy()
+            for label, s in simulated.items():
+                ax.hist(
+                    s[:, j].numpy(),
+                    bins=bins,
+                    density=True,
+                    histtype="step",
+                    color=colors[label],
+                    label=label,
+                )
+            if observed is not None:
+                ax.axvline(float(observed[j]), color="k", lw=1.2, label="observed")
+            tail = (
+                ""
+                if observed is None or len(simulated) > 1
+                else f": P(sim <= obs) = {float((next(iter(simulated.values()))[:, j] <= observed[j]).double().mean()):.2f}"
+            )
+            ax.set_title(f"release[{j}]{tail}", fontsize=9)
+            ax.set_yticks([])
+        for ax in axes[dim:]:
+            ax.set_axis_off()
+    else:
+        fig = Figure(figsize=(min(0.35 * dim + 2.5, 16), 3.6))
+        ax = fig.subplots()
+        index = torch.arange(dim, dtype=torch.float64)
+        width = 0.6 / len(simulated)
+        for i, (label, s) in enumerate(simulated.items()):
+            q = torch.quantile(s, torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=s.dtype), dim=0)
+            x = (index - 0.3 + width * (i + 0.5)).numpy()
+            ax.vlines(
+                x, q[0].numpy(), q[4].numpy(), color=colors[label], lw=1, label=f"{label}: 90%, 50%, median"
+            )
+            ax.vlines(x, q[1].numpy(), q[3].numpy(), color=colors[label], lw=4, alpha=0.6)
+            ax.plot(x, q[2].numpy(), "_", color=colors[label], ms=8)
+        if observed is not None:
+            ax.plot(index.numpy(), observed.numpy(), "k.", ms=7, label="observed")
+        ax.set_xlabel("release coordinate")
+        ax.set_xticks(index.numpy()[:: max(1, dim // 20)])
+        axes = [ax]
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncols=len(labels), fontsize=8)
+    fig.suptitle(f"posterior predictive check: {task.name}", y=0.0, va="bottom", fontsize=9)
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.25 / height, 1, 1 - 0.3 / height))
+    fig.savefig(path, dpi=110)
+    if observed is None:
+        return {label: torch.empty(0, dtype=torch.float64) for label in simulated}
+    return {label: (s <= observed).double().mean(0) for label, s in simulated.items()}

@@ -280,12 +280,16 @@ def reference_posterior(
     if method not in KINDS:
         raise ValueError(f"reference.method must be one of {KINDS}, got {method!r}")
     if method == "none" or (
-        method == "auto" and not task.release_from_mechanism and task.exact_posterior is None
+        method == "auto"
+        and (not task.release_from_mechanism or not task.mechanism.has_log_prob)
+        and task.exact_posterior is None
     ):
         why = (
             "reference.method=none"
             if method == "none"
             else "the observed data are not a release of the mechanism"
+            if not task.release_from_mechanism
+            else "the mechanism's likelihood is intractable"
         )
         return Reference(
             None, "none", False, f"no reference posterior ({why}): C2ST and MMD are not computed"

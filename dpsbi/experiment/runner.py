@@ -156,6 +156,7 @@ def _fit_and_score(
             "num_simulations": int(num_simulations),
             "wall_time": elapsed,
             **score(draws),
+            **methods.chain_summary(state, int(cfg.evaluation.num_samples), int(cfg.seed)),
         }
         log.info(
             "%s round %d: %s",
@@ -326,8 +327,20 @@ def _run(cfg: DictConfig, plan: config.Plan, out: Path, records: Mapping[str, st
     write_rows(out / "metrics", rows)
     if cfg.plots:
         draws = {**finals, **({"reference": reference.samples} if reference.samples is not None else {})}
-        pair_plot(draws, task.parameter_names, out / "pairplot.png", task.true_theta)
-        metrics_plot(rows, list(evaluation.metrics), out / "metrics.png")
+        figures = {
+            "pairplot.png": lambda: pair_plot(
+                draws, task.parameter_names, out / "pairplot.png", task.true_theta
+            ),
+            "metrics.png": lambda: metrics_plot(rows, list(evaluation.metrics), out / "metrics.png"),
+        }
+        for figure, draw in figures.items():
+            try:
+                draw()
+            except Exception as error:  # a figure must never cost a finished run
+                reason = " ".join(f"{type(error).__name__}: {error}".split())
+                warnings.warn(
+                    f"{out / figure} not drawn ({reason}); the run's results are kept", stacklevel=2
+                )
     write_json(out / "summary.json", {"reference": reference.describe(), "runs": summary})
     _print_summary(summary, reference.note, f"outputs: {out}")
     return summary

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..diagnostics import ess, rhat
 from .settings import Settings
 
 METHODS = ("elliptical_slice", "slice_np_vectorized")
@@ -113,8 +114,10 @@ def slice_sample(
 
     ``info``, if a dict, receives diagnostics: ``calls`` (sequential calls of ``log_density``, the
     initial one included), ``evaluations`` (rows evaluated), ``draws`` (the kept draws ``(S, C, d)``,
-    ``S = ceil(num_samples / C)``) and ``ess`` (their multi-chain effective sample size per coordinate,
-    :func:`effective_sample_size`; NaN when ``S < 2``); the torch sampler adds ``evaluations_per_update``
+    ``S = ceil(num_samples / C)``), ``ess`` and ``rhat`` (per coordinate: ArviZ's bulk effective sample size
+    and rank-normalized split R-hat of the ``C`` chains, :func:`dpsbi.diagnostics.ess` and
+    :func:`dpsbi.diagnostics.rhat`; NaN for chains too short to tell: ``S < 10`` for the ESS, ``S < 4`` for
+    R-hat); the torch sampler adds ``evaluations_per_update``
     and ``first_accept`` (the fraction of kept-phase updates accepted at their first proposal, its
     acceptance rate in Metropolis terms).
     """
@@ -132,7 +135,8 @@ def slice_sample(
             method=config.method,
             num_chains=init.shape[0],
             draws=draws,
-            ess=effective_sample_size(draws),
+            ess=ess(draws.transpose(0, 1)),
+            rhat=rhat(draws.transpose(0, 1)),
             **details,
         )
     return draws.reshape(-1, init.shape[1])[:num_samples]
@@ -329,43 +333,3 @@ def _slice_numpy(log_density, init, num_samples, config, seed, width, progress):
     draws = sampler.run(config.warmup + per_chain * config.thin)  # (C, steps, d)
     kept = torch.as_tensor(draws[:, config.warmup :: config.thin][:, :per_chain], dtype=dtype)
     return kept.transpose(0, 1).to(device), dict(calls=counter.calls, evaluations=counter.rows)
-
-
-# ---- diagnostics ----------------------------------------------------------------------------------------
-
-
-def effective_sample_size(draws: Tensor) -> Tensor:
-    """Multi-chain effective sample size per coordinate of ``draws (S, C, d)`` (``S`` steps of ``C`` chains;
-    ``(S, C)`` for one coordinate): Stan's estimator (Vehtari et al. 2021, without rank normalization), whose
-    autocorrelations pool the chains and count their disagreement (between-chain variance) as
-    correlation, truncated by Geyer's initial monotone sequence. ``S * C`` for independent draws; NaN
-    when ``S < 2``. Computed in float64."""
-    squeeze = draws.ndim == 2
-    x = draws.double()[..., None] if squeeze else draws.double()
-    steps, chains, dim = x.shape
-    if steps < 2:
-        result = torch.full((dim,), math.nan, dtype=torch.float64)
-        return result[0] if squeeze else result
-    centred = x - x.mean(0)
-    # Per-chain autocovariances (biased, divided by S) at every lag, by FFT along the steps.
-    size = 1 << (2 * steps - 1).bit_length()
-    spectrum = torch.fft.rfft(centred, n=size, dim=0)
-    acov = torch.fft.irfft(spectrum * spectrum.conj(), n=size, dim=0)[:steps] / steps  # (S, C, d)
-    within = acov[0].mean(0) * steps / (steps - 1)  # W: mean of the chains' variances
-    var_plus = within * (steps - 1) / steps
-    if chains > 1:
-        var_plus = var_plus + x.mean(0).var(0)
-    rho = 1 - (within - acov.mean(1)) / var_plus  # (S, d)
-    rho[0] = 1.0
-    if steps % 2:
-        rho = rho[:-1]  # pairs (2k, 2k + 1) only
-    pairs = rho.reshape(-1, 2, dim).sum(1)  # (S // 2, d)
-    ess = torch.empty(dim, dtype=torch.float64)
-    for j in range(dim):
-        p = pairs[:, j]
-        positive = int((p > 0).cumprod(0).sum())  # Geyer's initial positive sequence
-        p = p[: max(positive, 1)].clamp_min(0)
-        p = torch.cummin(p, 0).values  # ... made monotone
-        tau = -1 + 2 * float(p.sum())
-        ess[j] = steps * chains / max(tau, 1.0 / math.log10(max(steps * chains, 10)))
-    return ess[0] if squeeze else ess

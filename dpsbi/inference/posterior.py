@@ -11,6 +11,7 @@ model than the task it is loaded with.
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import math
 import os
@@ -48,6 +49,14 @@ class Posterior(abc.ABC):
     ``sample_batched`` and ``log_prob_batched`` do the same for a batch of releases ``(B, dim_s)`` and
     ``map`` finds the mode. ``y`` defaults to the release set by :meth:`set_default_x`, else ``task.y_obs``;
     every release is validated with ``task.check_release``. Results live on the flow's device.
+
+    sbi's keywords are accepted too, so that sbi's ``run_sbc``, ``run_tarp``, ``get_nltp`` and plots take a
+    dpsbi posterior unchanged: ``x`` is ``y`` under sbi's name (both, with different values, is a
+    ``TypeError``); ``show_progress_bars`` shows or hides the slice sampler's bars of a
+    :class:`LikelihoodPosterior` for the call (``None``: its ``progress`` setting; a :class:`FlowPosterior`
+    has none); ``max_sampling_batch_size`` and ``reject_outside_prior`` are accepted and change nothing (at
+    most :data:`CHUNK_ROWS` flow rows go through at once already, and every draw lies in the prior's support:
+    the flow works in the unconstrained space); ``track_gradients`` lets a density's gradient reach ``theta``.
     """
 
     kind: ClassVar[str]
@@ -84,40 +93,91 @@ class Posterior(abc.ABC):
         y: Tensor | None = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        *,
+        x: Tensor | None = None,
+        show_progress_bars: bool | None = None,
+        max_sampling_batch_size: int | None = None,
+        reject_outside_prior: bool = True,
     ) -> Tensor:
-        """Draws ``sample_shape + (dim_theta,)`` at release ``y``; ``seed`` or ``generator`` fix them. Raises
-        ``RuntimeError`` rather than return a NaN/inf draw."""
-        y = self._releases(y, single=True)
-        return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))[..., 0, :]
+        """Draws ``sample_shape + (dim_theta,)`` at release ``y`` (``(dim_s,)`` or ``(1, dim_s)``); ``seed`` or
+        ``generator`` fix them. Raises ``RuntimeError`` rather than return a NaN/inf draw. ``x`` and the other
+        keywords: sbi's (class docstring)."""
+        y = self._releases(_release_or_x(y, x, "sample"), single=True)
+        with self._progress_bars(show_progress_bars):
+            return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))[..., 0, :]
 
     @torch.no_grad()
     def sample_batched(
-        self, sample_shape, y: Tensor, generator: torch.Generator | None = None, seed: int | None = None
+        self,
+        sample_shape,
+        y: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        *,
+        x: Tensor | None = None,
+        show_progress_bars: bool | None = None,
+        max_sampling_batch_size: int | None = None,
+        reject_outside_prior: bool = True,
     ) -> Tensor:
-        """Draws ``sample_shape + (B, dim_theta)`` at each of the releases ``y (B, dim_s)``, independent across
-        releases (sbi's ``sample_batched``); ``seed`` or ``generator`` fix them. With one release the draws
-        are those of :meth:`sample` under the same seed. A :class:`FlowPosterior` maps all of them in one
-        vectorized flow pass (in chunks of :data:`CHUNK_ROWS` flow rows); a :class:`LikelihoodPosterior` runs
-        one MCMC per release (a loop)."""
-        y = self._releases(y, single=False)
-        return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))
+        """Draws ``sample_shape + (B, dim_theta)`` at each of the releases ``y (B, dim_s)`` (required, as ``y`` or
+        sbi's ``x``), independent across releases (sbi's ``sample_batched``); ``seed`` or ``generator`` fix
+        them. With one release the draws are those of :meth:`sample` under the same seed. A
+        :class:`FlowPosterior` maps all of them in one vectorized flow pass (in chunks of :data:`CHUNK_ROWS`
+        flow rows); a :class:`LikelihoodPosterior` runs one MCMC per release (a loop). sbi's keywords: class
+        docstring."""
+        y = self._releases(_release_or_x(y, x, "sample_batched", required=True), single=False)
+        with self._progress_bars(show_progress_bars):
+            return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))
 
     @torch.no_grad()
-    def log_prob(self, theta: Tensor, y: Tensor | None = None) -> Tensor:
-        """Log density of ``theta (..., dim_theta)`` at release ``y``; ``-inf`` outside the prior's support."""
-        return self._log_prob(theta, self._releases(y, single=True))
+    def log_prob(
+        self,
+        theta: Tensor,
+        y: Tensor | None = None,
+        *,
+        x: Tensor | None = None,
+        track_gradients: bool = False,
+    ) -> Tensor:
+        """Log density ``theta.shape[:-1]`` of ``theta (..., dim_theta)`` at release ``y`` (or sbi's ``x``);
+        ``-inf`` outside the prior's support. ``track_gradients``: differentiable in ``theta``."""
+        y = self._releases(_release_or_x(y, x, "log_prob"), single=True)
+        with torch.set_grad_enabled(track_gradients):
+            return self._log_prob(theta, y)
+
+    def potential(
+        self,
+        theta: Tensor,
+        y: Tensor | None = None,
+        *,
+        x: Tensor | None = None,
+        track_gradients: bool = False,
+    ) -> Tensor:
+        """sbi's ``potential``: the log posterior density up to a constant in ``theta``, here :meth:`log_prob`
+        itself (normalized for a :class:`FlowPosterior`), shape ``theta.shape[:-1]``. It exists because sbi's
+        ``get_nltp`` calls ``posterior.potential(theta, x=x)`` on any posterior but sbi's own
+        ``DirectPosterior``."""
+        return self.log_prob(theta, _release_or_x(y, x, "potential"), track_gradients=track_gradients)
 
     @torch.no_grad()
-    def log_prob_batched(self, theta: Tensor, y: Tensor) -> Tensor:
+    def log_prob_batched(
+        self,
+        theta: Tensor,
+        y: Tensor | None = None,
+        *,
+        x: Tensor | None = None,
+        track_gradients: bool = False,
+    ) -> Tensor:
         """Log densities ``(..., B)`` of ``theta (..., B, dim_theta)``, column ``b`` at release ``y[b]`` of
-        ``y (B, dim_s)`` (sbi's ``log_prob_batched``); ``-inf`` outside the prior's support."""
-        y = self._releases(y, single=False)
+        ``y (B, dim_s)`` (required, as ``y`` or sbi's ``x``; sbi's ``log_prob_batched``); ``-inf`` outside the
+        prior's support. ``track_gradients``: differentiable in ``theta``."""
+        y = self._releases(_release_or_x(y, x, "log_prob_batched", required=True), single=False)
         theta = torch.as_tensor(theta)
         if theta.ndim < 2 or theta.shape[-2] != y.shape[0]:
             raise ValueError(
                 f"theta must have shape (..., {y.shape[0]}, {self.task.dim_theta}) for {y.shape[0]} releases, got {tuple(theta.shape)}"
             )
-        return self._log_prob(theta, y)
+        with torch.set_grad_enabled(track_gradients):
+            return self._log_prob(theta, y)
 
     @torch.no_grad()
     def map(
@@ -128,18 +188,23 @@ class Posterior(abc.ABC):
         steps: int = 200,
         lr: float = 0.05,
         seed: int | None = None,
+        *,
+        x: Tensor | None = None,
+        show_progress_bars: bool | None = None,
     ) -> Tensor:
-        """The posterior's mode ``(dim_theta,)`` at release ``y``, as sbi finds it: the ``num_to_optimize`` best of
-        ``num_init`` posterior draws, each moved by ``steps`` Adam steps of rate ``lr`` up the log density (of
-        ``theta``, in the prior's space) in the unconstrained space; the best point seen is returned.
-        ``seed`` fixes the draws. The defaults take a few seconds on a CPU (sbi's, 100 points x 1000 steps at
-        rate 0.01, took 40 s for a 2-parameter posterior)."""
+        """The posterior's mode ``(dim_theta,)`` at release ``y`` (or sbi's ``x``), as sbi finds it: the
+        ``num_to_optimize`` best of ``num_init`` posterior draws, each moved by ``steps`` Adam steps of rate
+        ``lr`` up the log density (of ``theta``, in the prior's space) in the unconstrained space; the best
+        point seen is returned. ``seed`` fixes the draws; ``show_progress_bars``: those of the draws (class
+        docstring). The defaults take a few seconds on a CPU (sbi's, 100 points x 1000 steps at rate 0.01,
+        took 40 s for a 2-parameter posterior)."""
         if min(num_init, num_to_optimize) < 1 or steps < 0 or not lr > 0:
             raise ValueError(
                 f"map needs num_init, num_to_optimize >= 1, steps >= 0 and lr > 0, got {num_init}, {num_to_optimize}, {steps}, {lr}"
             )
-        y = self._releases(y, single=True)
-        theta = self._draw(torch.Size((num_init,)), y, self._noise_generator(None, seed))[:, 0]
+        y = self._releases(_release_or_x(y, x, "map"), single=True)
+        with self._progress_bars(show_progress_bars):
+            theta = self._draw(torch.Size((num_init,)), y, self._noise_generator(None, seed))[:, 0]
         z = self.space.to_z(theta[self._log_prob(theta, y).topk(min(num_to_optimize, num_init)).indices])
         best, best_value = z.clone(), torch.full(z.shape[:-1], -math.inf, device=z.device)
         z.requires_grad_(True)
@@ -155,6 +220,19 @@ class Posterior(abc.ABC):
                 z.grad = -gradient
                 optimizer.step()
         return self.space.to_theta(best[best_value.argmax()])
+
+    @contextlib.contextmanager
+    def _progress_bars(self, show: bool | None):
+        """Within it, a :class:`LikelihoodPosterior`'s slice-sampler bars are shown or hidden as ``show`` (sbi's
+        ``show_progress_bars``) says; with ``None``, or for a posterior without bars, nothing changes."""
+        if show is None or not hasattr(self, "progress"):
+            yield
+            return
+        kept, self.progress = self.progress, bool(show)
+        try:
+            yield
+        finally:
+            self.progress = kept
 
     def _draw(self, shape: torch.Size, y: Tensor, generator: torch.Generator | None) -> Tensor:
         """Draws ``shape + (B, dim_theta)`` at the checked releases ``y (B, dim_s)``, refused if any is NaN/inf."""
@@ -224,6 +302,27 @@ class Posterior(abc.ABC):
         """The generator for this call. A seed starts a stream on the task's device, so that samples do
         not depend on the device the flow sits on."""
         return make_generator(seed, generator, device=self.space.device)
+
+    def to_arviz(
+        self,
+        num_samples: int | None = None,
+        y: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        predictive: bool = False,
+    ):
+        """Draws at release ``y`` as an ``arviz.InferenceData`` (:func:`dpsbi.diagnostics.posterior_inference_data`):
+        a posterior variable ``(chain, draw)`` per parameter, named after ``task.parameter_names``; the release
+        as ``observed_data.release``; attributes ``method``, ``task``, ``epsilon``, ``release``, ``settings``
+        (JSON), ``sampler``, ``num_chains``. A :class:`LikelihoodPosterior` (SPLE) keeps its MCMC chains
+        (:meth:`LikelihoodPosterior.sample_chains`: ``ceil(num_samples / num_chains)`` draws each, by default
+        20, which ``arviz.ess`` needs; SPLE's 2000 draws are 4 per chain), a :class:`FlowPosterior` gives
+        one chain of ``num_samples`` (default 4000) independent draws. ``predictive=True`` adds a release
+        simulated from every draw as ``posterior_predictive.release`` (for ``arviz.plot_ppc``). ``seed`` or
+        ``generator`` fix the draws as in :meth:`sample`."""
+        from ..diagnostics import posterior_inference_data
+
+        return posterior_inference_data(self, num_samples, y, generator, seed, predictive)
 
     # ---- saving -------------------------------------------------------------------------------------
     def metadata(self) -> dict:
@@ -351,9 +450,31 @@ class LikelihoodPosterior(Posterior):
         """One slice-sampling run per release (a loop over the ``B`` rows of ``y``), stacked to ``(n, B, dim)``."""
         return torch.stack([self._slice_sample(n, y[b : b + 1], generator) for b in range(y.shape[0])], dim=1)
 
-    def _slice_sample(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
+    @torch.no_grad()
+    def sample_chains(
+        self,
+        num_samples: int,
+        y: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> Tensor:
+        """The MCMC chains behind :meth:`sample` at release ``y``: ``(num_chains, ceil(num_samples / num_chains),
+        dim_theta)``. Under the same ``seed`` (or generator state), their draws taken step by step across the
+        chains (``chains.transpose(0, 1).reshape(-1, dim_theta)``) and cut to ``num_samples`` rows are
+        ``sample((num_samples,))``'s; a longer run continues the same chains (a shorter run's draws are the
+        first of each chain). Raises ``RuntimeError`` rather than return a NaN/inf draw."""
+        if int(num_samples) < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        y = self._releases(y, single=True)
+        info: dict = {}
+        self._slice_sample(int(num_samples), y, self._noise_generator(generator, seed), info)
+        return self._finite(self.space.to_theta(info["draws"])).transpose(0, 1)  # draws: (S, C, dim)
+
+    def _slice_sample(
+        self, n: int, y: Tensor, generator: torch.Generator | None, info: dict | None = None
+    ) -> Tensor:
         """``n`` draws ``(n, dim)`` at one release ``y (1, dim_s)``: slice sampling from ``num_chains`` chains
-        started among ``init_candidates`` prior draws."""
+        started among ``init_candidates`` prior draws; ``info`` as in :func:`~dpsbi.inference.mcmc.slice_sample`."""
         run_seed = draw_seed(generator)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(run_seed)
@@ -363,7 +484,7 @@ class LikelihoodPosterior(Posterior):
         init = resample_init(candidates, log_density, self.mcmc.num_chains, init_gen)
         width = candidates.std(0)  # the prior's spread: wider than the posterior's, as the sampler likes it
         return slice_sample(
-            lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress
+            lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress, info=info
         )
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
@@ -373,6 +494,23 @@ class LikelihoodPosterior(Posterior):
 
 
 _KINDS = {cls.kind: cls for cls in (FlowPosterior, LikelihoodPosterior)}
+
+
+def _release_or_x(y, x, method: str, required: bool = False):
+    """The release given as dpsbi's ``y`` or under sbi's name ``x`` (``None`` if neither, unless ``required``);
+    a ``TypeError`` if both are given with different values."""
+    if x is not None and y is not None:
+        a, b = (
+            torch.atleast_2d(torch.as_tensor(v, dtype=torch.get_default_dtype()).detach().cpu())
+            for v in (y, x)
+        )
+        if a.shape != b.shape or not torch.equal(a, b):
+            raise TypeError(
+                f"{method}: give the release as y= or as sbi's x=, not both with different values"
+            )
+    if required and x is None and y is None:
+        raise TypeError(f"{method} needs the releases (B, dim_s): pass y= (or sbi's x=)")
+    return y if x is None else x
 
 
 def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> Tensor:

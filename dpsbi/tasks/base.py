@@ -26,7 +26,8 @@ class Task:
     torch's default float dtype on ``theta``'s device; ``None`` when every simulation comes from elsewhere,
     see ``SequentialEstimator.append_simulations``); the curator's release is ``mechanism.sample(s)``.
     ``transform`` maps the unconstrained space ``R^dim_unconstrained`` onto the prior's support (flows work
-    there). The release and true parameter are checked at construction (:meth:`validate`).
+    there). ``parameter_names`` default to ``theta_1, ..., theta_d``. The release, the true parameter and the
+    names are checked at construction (:meth:`validate`); ``y_obs`` is kept as ``(n, dim_s)``.
     """
 
     name: str
@@ -49,12 +50,17 @@ class Task:
     spec: dict | None = None
 
     def __post_init__(self) -> None:
+        if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:
+            self.parameter_names = [f"theta_{i + 1}" for i in range(self.dim_theta)]
+        self.parameter_names = list(self.parameter_names)
         self.validate()
+        if self.y_obs is not None:
+            self.y_obs = self.check_release(self.y_obs)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the problem if the prior, the mechanism, ``y_obs`` or ``true_theta``
-        cannot be used (shapes, support, finiteness), or if ``epsilon`` is not the mechanism's; called at
-        construction and by the estimators.
+        cannot be used (shapes, support, finiteness), if ``parameter_names`` are not one distinct string per
+        coordinate, or if ``epsilon`` is not the mechanism's; called at construction and by the estimators.
 
         ``epsilon`` must be one of the privacy levels the mechanism states: its ``epsilon``, the target it was
         calibrated from (``BinomialCurve.target_epsilon``) or the ``mu`` of a Gaussian-DP mechanism
@@ -81,6 +87,11 @@ class Task:
         if len(self.prior.event_shape) != 1:
             raise ValueError(
                 f"task {self.name!r}: the prior must be over vectors (event shape (d,)), got {tuple(self.prior.event_shape)}"
+            )
+        names, d = self.parameter_names, self.dim_theta
+        if len(names) != d or not all(isinstance(n, str) for n in names) or len(set(names)) != d:
+            raise ValueError(
+                f"task {self.name!r}: parameter_names must be {d} distinct strings, got {list(names)!r}"
             )
         if self.y_obs is not None:
             self.check_release(self.y_obs)
@@ -154,11 +165,13 @@ class Task:
             )
         return theta
 
-    def check_release(self, y: Tensor) -> Tensor:
-        """Return a release as ``(n, dim_s)``, or raise ``ValueError`` (wrong shape, outside the mechanism's support)."""
+    def check_release(self, y) -> Tensor:
+        """Return a release (tensor, array, sequence or number) as ``(n, dim_s)``, or raise ``ValueError`` (not
+        numbers, wrong shape, NaN/inf, outside the mechanism's support). A number is a release of a
+        one-dimensional mechanism (``(1, 1)``)."""
+        y = release_tensor(y, self.dim_s, f"task {self.name!r}: release")
         if self.release_from_mechanism:
             return self.mechanism.validate_release(y)
-        y = torch.as_tensor(y, dtype=torch.get_default_dtype())
         y = y.unsqueeze(0) if y.ndim == 1 else y
         if y.ndim != 2 or y.shape[-1] != self.dim_s:
             raise ValueError(
@@ -169,18 +182,43 @@ class Task:
         return y
 
     def require_mechanism_release(self, method: str) -> None:
-        """Raise if ``method`` needs ``log eta(y_obs | s)`` but ``y_obs`` did not come from the mechanism."""
+        """Raise if ``method`` needs ``log eta(y_obs | s)`` but ``y_obs`` did not come from the mechanism, or the
+        mechanism has no exact likelihood (:class:`~dpsbi.mechanisms.IntractableLikelihood`)."""
         if not self.release_from_mechanism:
             raise ValueError(
                 f"{method} evaluates the mechanism's density at y_obs, but task {self.name!r} holds observed "
                 "data that are not a release of its mechanism; use a simulation-based method (SPPE, SPLE, SMC-ABC)"
             )
+        self.mechanism.require_log_prob(method)  # e.g. post-processing with an intractable likelihood
 
     def __repr__(self) -> str:
         return (
             f"Task({self.name!r}, epsilon={self.epsilon:g}, dim_theta={self.dim_theta}, dim_s={self.dim_s}, "
             f"mechanism={self.mechanism!r})"
         )
+
+
+def release_tensor(y, dim: int, what: str = "release") -> Tensor:
+    """``y`` (tensor, array, sequence or number) as a floating tensor, a number as ``(1, 1)`` when ``dim`` is 1;
+    ``ValueError`` starting with ``what`` for a number when ``dim > 1``, for values that are not numbers and
+    for NaN/inf (naming the first position)."""
+    try:
+        y = y if torch.is_tensor(y) else torch.as_tensor(y, dtype=torch.get_default_dtype())
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{what} must be numbers, got {y!r} ({error})") from None
+    y = y if y.is_floating_point() else y.to(torch.get_default_dtype())
+    if y.ndim == 0:
+        if dim != 1:
+            raise ValueError(f"{what} must have shape ({dim},) or (n, {dim}), got a scalar ({float(y):g})")
+        y = y.reshape(1, 1)
+    bad = ~torch.isfinite(y)
+    if bad.any():
+        first = bad.nonzero()[0].tolist()
+        kind = "NaN" if bool(torch.isnan(y[tuple(first)])) else "inf"
+        where = f" (row {first[0]}, coordinate {first[1]})" if len(first) == 2 else ""
+        shown = y[first[0]] if y.ndim > 1 else y
+        raise ValueError(f"{what} holds {kind} at position {first}{where}: {shown.tolist()}")
+    return y
 
 
 def as_summary(s, device: torch.device) -> Tensor:

@@ -24,12 +24,20 @@ runs are reproducible and a resumed checkpoint can check its simulations. The si
 - ``simulator(theta)``: it runs with torch's global stream and numpy's global ``np.random`` stream seeded
   from the generator (both restored afterwards), so ``torch.randn`` and ``np.random.normal`` inside it are
   reproducible too; a ``numpy.random.default_rng()`` created inside it without a seed is not.
+
+Parallel simulation (``from_simulator(..., workers=N)``): each call's rows are cut into chunks of
+``chunk_size`` rows, every chunk gets its own seed (spawned from one seed drawn from the call's generator)
+and the chunks run in ``N`` joblib worker processes, so the draws depend on ``chunk_size`` but not on ``N``.
+The pool is joblib's active backend (loky processes on this machine by default): inside
+``joblib.parallel_config(backend="dask")`` (with a ``dask.distributed.Client``) or ``backend="ray"`` (after
+``ray.util.joblib.register_ray()``) the chunks go to that cluster.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
@@ -50,6 +58,8 @@ PROBE_ROWS = 2
 TRANSFORM_PROBES = 8
 #: Seed of the construction-time probes (they never touch the global random streams).
 PROBE_SEED = 20261124
+#: Rows per chunk of a simulation call with ``workers=``: each chunk has its own seed and runs in one process.
+CHUNK_SIZE = 100
 
 
 def box(low, high) -> Independent:
@@ -93,19 +103,66 @@ class UserSimulator:
     ``fn`` maps ``theta (n, d)`` to summaries ``(n, dim_s)`` (``vectorized``) or one parameter vector ``(d,)``
     to one summary ``(dim_s,)`` (then looped over the rows here), on torch tensors or, with
     ``backend="numpy"``, on float64 numpy arrays; it may return any float dtype (:meth:`Task.simulate`
-    converts). Its randomness follows the rule in this module's docstring.
+    converts). Its randomness follows the rule in this module's docstring. With ``workers`` (a number of
+    processes, ``-1`` for every core) a call runs in chunks of ``chunk_size`` rows on the CPU, each chunk
+    with its own seed, in a joblib pool (:meth:`in_chunks`); ``None``: in this process, in one piece.
     """
 
-    def __init__(self, fn: Callable, backend: Backend = "torch", vectorized: bool = True) -> None:
+    def __init__(
+        self,
+        fn: Callable,
+        backend: Backend = "torch",
+        vectorized: bool = True,
+        workers: int | None = None,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
         self.fn, self.backend, self.vectorized = fn, backend, bool(vectorized)
+        self.workers, self.chunk_size = workers, chunk_size
         self.takes_randomness = takes_randomness(fn)
 
+    def with_backend(self, backend: Backend) -> UserSimulator:
+        """The same simulator run with another ``backend``."""
+        return UserSimulator(self.fn, backend, self.vectorized, self.workers, self.chunk_size)
+
     def __call__(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor | np.ndarray:
+        if self.workers is not None:
+            return self.in_chunks(theta, _seed_from(generator))
         x = theta.detach().cpu().double().numpy() if self.backend == "numpy" else theta
         if not self.takes_randomness:
             with _seeded_global_streams(_seed_from(generator)):
                 return self._apply(x, (), theta.device)
         rng = np.random.default_rng(_seed_from(generator)) if self.backend == "numpy" else generator
+        return self._apply(x, (rng,), theta.device)
+
+    def in_chunks(self, theta: Tensor, seed: int) -> Tensor:
+        """Summaries ``(n, dim_s)`` on ``theta``'s device, simulated on the CPU in chunks of ``chunk_size``
+        rows, chunk ``k`` with the ``k``-th seed spawned from ``seed``; the chunks run here when there is
+        one worker or one chunk, else in a joblib pool of ``workers`` processes (the same draws)."""
+        chunks = theta.detach().cpu().split(self.chunk_size) or (theta.detach().cpu(),)
+        seeds = [
+            int(child.generate_state(1, np.uint64)[0] >> np.uint64(1))
+            for child in np.random.SeedSequence(seed).spawn(len(chunks))
+        ]
+        dtype = torch.get_default_dtype()
+        if self.workers == 1 or len(chunks) == 1:
+            results = [_run_chunk(self, chunk, chunk_seed, dtype) for chunk, chunk_seed in zip(chunks, seeds)]
+        else:
+            from joblib import Parallel, delayed
+
+            results = Parallel(n_jobs=self.workers, prefer="processes")(
+                delayed(_run_chunk)(self, chunk, chunk_seed, dtype)
+                for chunk, chunk_seed in zip(chunks, seeds)
+            )
+        return torch.cat([as_summary(result, theta.device) for result in results])
+
+    def run_chunk(self, theta: Tensor, seed: int) -> Tensor | np.ndarray:
+        """``fn`` on the CPU tensor ``theta`` with randomness seeded by ``seed`` (a generator of the backend's
+        kind, or the global streams when ``fn`` takes none)."""
+        x = theta.double().numpy() if self.backend == "numpy" else theta
+        if not self.takes_randomness:
+            with _seeded_global_streams(seed):
+                return self._apply(x, (), theta.device)
+        rng = np.random.default_rng(seed) if self.backend == "numpy" else torch.Generator().manual_seed(seed)
         return self._apply(x, (rng,), theta.device)
 
     def _apply(self, x, randomness: tuple, device: torch.device) -> Tensor | np.ndarray:
@@ -116,7 +173,19 @@ class UserSimulator:
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
-        return f"UserSimulator({name}, backend={self.backend!r}, vectorized={self.vectorized}, takes_randomness={self.takes_randomness})"
+        parallel = "" if self.workers is None else f", workers={self.workers}, chunk_size={self.chunk_size}"
+        return f"UserSimulator({name}, backend={self.backend!r}, vectorized={self.vectorized}, takes_randomness={self.takes_randomness}{parallel})"
+
+
+def _run_chunk(simulator: UserSimulator, theta: Tensor, seed: int, dtype: torch.dtype) -> Tensor | np.ndarray:
+    """:meth:`UserSimulator.run_chunk` with torch's default dtype set to the caller's ``dtype`` (a worker
+    process starts with float32); run here or in a worker process."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return simulator.run_chunk(theta, seed)
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def takes_randomness(fn: Callable) -> bool:
@@ -174,7 +243,9 @@ def from_simulator(
     transform: Transform | None = None,
     true_theta=None,
     vectorized: bool = True,
-    backend: Backend = "torch",
+    backend: Backend | None = None,
+    workers: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
     description: str = "",
 ) -> Task:
     """A :class:`Task` for your own model, checked before any real simulation.
@@ -187,11 +258,17 @@ def from_simulator(
       float64 numpy arrays; any float dtype out. Its randomness: see this module's docstring (take a second
       argument ``rng`` and draw from it). ``None``: a task without a simulator, whose simulations are handed
       to the estimator (``append_simulations``).
+    - ``backend``: ``"torch"`` or ``"numpy"``; left out, ``"torch"`` unless the simulator fails on torch
+      tensors and a ``torch.Generator`` but works on float64 arrays and a ``numpy.random.Generator``.
+    - ``workers``: simulate in that many processes (``-1``: every core), in chunks of ``chunk_size`` rows with
+      a seed each, so that the draws do not depend on ``workers`` (see this module's docstring for Dask and
+      Ray); the simulator must then be picklable (joblib's cloudpickle: a module-level function is safest).
     - ``mechanism``: the curator's mechanism, e.g. ``dpsbi.mechanisms.Laplace(epsilon, sensitivity, dim)``
       (L1 sensitivity of the whole statistic) or ``Gaussian(epsilon, delta, sensitivity, dim)`` (L2); see
       this module's docstring for the arithmetic of a clamped mean. The task's ``epsilon`` is the
       mechanism's (its target epsilon for ``BinomialCurve``): epsilon is stated once.
-    - ``y_obs``: the observed release, ``(dim_s,)`` or ``(1, dim_s)``; ``None`` for an amortized posterior only.
+    - ``y_obs``: the observed release, ``(dim_s,)`` or ``(1, dim_s)`` (a number when ``dim_s`` is 1); ``None``
+      for an amortized posterior only.
     - ``transform``: a bijection from ``R^k`` onto the prior's support for the flows (default
       ``biject_to(prior.support)``); ``true_theta``: the parameter that made ``y_obs``, where known
       (simulation studies); ``parameter_names``: one per coordinate (default ``theta_1..theta_d``).
@@ -212,7 +289,7 @@ def from_simulator(
     elif y_obs is not None:
         y_obs = _take(problems, _release(y_obs, mechanism))
     if simulator is not None:
-        simulator = _take(problems, _wrap(simulator, backend, vectorized))
+        simulator = _take(problems, _wrap(simulator, backend, vectorized, workers, chunk_size))
     if prior_usable:  # the checks that draw from the prior
         transform = biject_to(prior.support) if transform is None else transform
         parameter_names = (
@@ -225,7 +302,9 @@ def from_simulator(
             true_theta = None if true_theta is None else _take(problems, _theta(true_theta, prior))
             problems += _names_problems(parameter_names, prior.event_shape[0])
             if isinstance(simulator, UserSimulator) and isinstance(mechanism, Mechanism):
-                problems += _simulator_problems(simulator, prior, mechanism, name)
+                simulator = _take(
+                    problems, _probe_simulator(simulator, prior, mechanism, name, guess=backend is None)
+                )
     if problems:
         raise ValueError(_report(name, problems))
     return Task(
@@ -250,14 +329,43 @@ def _take(problems: list[str], checked: tuple[object, str | None]):
     return value
 
 
-def _wrap(simulator, backend: str, vectorized: bool) -> tuple[UserSimulator | None, str | None]:
-    """``simulator`` as a :class:`UserSimulator`, or the problem with it or with ``backend``."""
-    if backend not in BACKENDS:
+def _wrap(
+    simulator, backend: str | None, vectorized: bool, workers, chunk_size
+) -> tuple[UserSimulator | None, str | None]:
+    """``simulator`` as a :class:`UserSimulator` (``backend`` ``None``: torch, for now), or the problem with
+    it, ``backend``, ``workers`` or ``chunk_size``."""
+    if backend is not None and backend not in BACKENDS:
         return None, f"backend must be one of {BACKENDS}, got {backend!r}"
     if not callable(simulator):
         return None, f"simulator must be a function of theta (and rng), got {type(simulator).__name__}"
+    if workers is not None and (
+        not isinstance(workers, numbers.Integral)
+        or isinstance(workers, bool)
+        or not (workers >= 1 or workers == -1)
+    ):
+        return None, f"workers must be a positive integer or -1 (every core), got {workers!r}"
+    if not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool) or chunk_size < 1:
+        return None, f"chunk_size must be a positive integer, got {chunk_size!r}"
+    if workers not in (None, 1):
+        try:
+            import cloudpickle  # what joblib's process pools send functions with
+        except ImportError:  # joblib < 1.5 vendored it
+            from joblib.externals import cloudpickle
+        try:
+            cloudpickle.dumps(simulator)
+        except Exception as error:  # anything that cannot be pickled, in any way
+            return None, (
+                f"workers={workers}: the simulator cannot be sent to worker processes ({type(error).__name__}: "
+                f"{error}); define it as a module-level function, or leave workers out"
+            )
     try:
-        return UserSimulator(simulator, backend, vectorized), None
+        return UserSimulator(
+            simulator,
+            backend or "torch",
+            vectorized,
+            None if workers is None else int(workers),
+            int(chunk_size),
+        ), None
     except ValueError as error:
         return None, str(error)
 
@@ -301,7 +409,7 @@ def _release(y_obs, mechanism: Mechanism) -> tuple[Tensor | None, str | None]:
     y, problem = _numbers(y_obs, "y_obs")
     if problem:
         return None, problem
-    y = y.reshape(1, -1) if y.ndim == 1 else y
+    y = y.reshape(1, -1) if y.ndim == 1 or (y.ndim == 0 and mechanism.dim == 1) else y
     if y.ndim != 2 or y.shape[0] != 1:
         return (
             None,
@@ -397,38 +505,59 @@ def _names_problems(names: list, d: int) -> list[str]:
     return []
 
 
-def _simulator_problems(
-    simulator: UserSimulator, prior: Distribution, mechanism: Mechanism, name: str
-) -> list[str]:
-    """Problems of ``simulator`` on :data:`PROBE_ROWS` prior draws: failure, shape, NaN/inf. Warns if a second
-    call with the same generator seed gives other summaries (not reproducible)."""
+def _probe_simulator(
+    simulator: UserSimulator, prior: Distribution, mechanism: Mechanism, name: str, guess: bool
+) -> tuple[UserSimulator | None, str | None]:
+    """``simulator`` tried on :data:`PROBE_ROWS` prior draws, or the problem: failure, shape, NaN/inf. With
+    ``guess`` (no backend stated), a simulator that fails on torch tensors is tried as a numpy one and kept
+    as such when that works. Warns if a second call with the same generator seed gives other summaries (not
+    reproducible)."""
     theta = prior.sample((PROBE_ROWS,))
 
-    def run() -> Tensor:
+    def run(simulator: UserSimulator) -> Tensor:
         return as_summary(
             simulator(theta, torch.Generator(device=theta.device).manual_seed(PROBE_SEED)), theta.device
         )
 
+    def failure(error: Exception) -> str:
+        return f"{type(error).__name__}: {error}"
+
     try:
-        s = run()
+        s = run(simulator)
     except Exception as error:  # a user's simulator may fail in any way: report it as one line
-        return [
-            f"simulator fails on {PROBE_ROWS} prior draws {_show(theta)}: {type(error).__name__}: {error}"
-        ]
-    expected = (PROBE_ROWS, mechanism.input_dim)
-    if s.shape != expected:
-        per_row = "" if simulator.vectorized else " (stacked from one row per parameter vector)"
-        return [
-            f"simulator returned shape {tuple(s.shape)}{per_row} for {PROBE_ROWS} prior draws, expected {expected}: one summary of {mechanism.input_dim} values per row"
-        ]
-    bad = ~torch.isfinite(s).all(-1)
-    if bad.any():
-        row = int(bad.nonzero()[0])
-        return [f"simulator returned NaN/inf {_show(s[row])} at the prior draw theta={_show(theta[row])}"]
-    if not torch.allclose(run(), s, rtol=1e-5, atol=1e-8, equal_nan=True):
+        problem = f"simulator fails on {PROBE_ROWS} prior draws {_show(theta)}: {failure(error)}"
+        if not guess:
+            return None, problem
+        try:
+            simulator = simulator.with_backend("numpy")
+            s = run(simulator)
+        except Exception as numpy_error:  # a numpy simulator with a bug, or no numpy simulator at all
+            # numpy code handed torch objects fails with these (e.g. "'torch._C.Generator' object has no
+            # attribute 'normal'"): then the numpy attempt's error is the one that helps
+            if isinstance(error, (AttributeError, TypeError)) and failure(numpy_error) != failure(error):
+                problem += f'; as a numpy simulator (backend="numpy") it fails too: {failure(numpy_error)}'
+            return None, problem
+    problem = _summary_problem(simulator, theta, s, mechanism)
+    if problem:
+        return None, problem
+    if not torch.allclose(run(simulator), s, rtol=1e-5, atol=1e-8, equal_nan=True):
         warnings.warn(
             f"task {name!r}: the simulator gives other summaries for the same generator seed, so seeded runs and "
             "resumed checkpoints cannot be reproduced; draw all randomness from its second argument (rng)",
             stacklevel=3,
         )
-    return []
+    return simulator, None
+
+
+def _summary_problem(simulator: UserSimulator, theta: Tensor, s: Tensor, mechanism: Mechanism) -> str | None:
+    """The problem of the summaries ``s`` that ``simulator`` returned for the probe draws ``theta``: shape,
+    NaN/inf (``None`` when fine)."""
+    expected = (PROBE_ROWS, mechanism.input_dim)
+    if s.shape != expected:
+        per_row = "" if simulator.vectorized else " (stacked from one row per parameter vector)"
+        return f"simulator returned shape {tuple(s.shape)}{per_row} for {PROBE_ROWS} prior draws, expected {expected}: one summary of {mechanism.input_dim} values per row"
+    bad = ~torch.isfinite(s).all(-1)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        return f"simulator returned NaN/inf {_show(s[row])} at the prior draw theta={_show(theta[row])}"
+    return None

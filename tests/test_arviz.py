@@ -1,0 +1,240 @@
+"""dpsbi at home with ArviZ: posteriors and baseline results as ``arviz.InferenceData`` (named parameters, MCMC
+chains kept, release / epsilon / method / settings as attributes), one ESS / R-hat implementation (ArviZ's),
+SPLE's R-hat and ESS in the run's summary, and the posterior predictive check plot."""
+
+import json
+import math
+
+import matplotlib
+import matplotlib.pyplot
+import numpy as np
+import pytest
+import torch
+from test_experiments import NEURAL, QUICK, config, hydra_configs  # noqa: F401  (autouse: Hydra initialised)
+
+import dpsbi
+from dpsbi import diagnostics
+from dpsbi.baselines import abc_is, pmmh
+from dpsbi.experiment import methods, run_experiment
+from dpsbi.experiment.outputs import format_table
+from dpsbi.experiment.plots import ppc_plot
+from dpsbi.inference import FlowConfig, FlowPosterior
+from dpsbi.inference.flows import ConditionalFlow
+
+matplotlib.use("Agg")
+az = diagnostics._arviz()
+
+GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
+TINY_FLOW = dict(transforms=2, hidden=16, blocks=1, bins=4)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return dpsbi.tasks.load("conjugate_gaussian")
+
+
+@pytest.fixture(scope="module")
+def sple(task):
+    """A small SPLE posterior sampled by 20 chains (50 draws each for 1000 draws)."""
+    estimator = dpsbi.SPLE(
+        task,
+        rounds=1,
+        sims_per_round=500,
+        progress=False,
+        training=dict(max_steps=200),
+        flow=TINY_FLOW,
+        mcmc=dict(num_chains=20),
+        seed=0,
+    )
+    return estimator.run()
+
+
+@pytest.fixture(scope="module")
+def sple_data(sple):
+    return sple.to_arviz(1000, seed=0, predictive=True)
+
+
+def ar1(phi: float, chains: int, length: int, seed: int = 0) -> np.ndarray:
+    """Stationary AR(1) chains ``(chains, length)`` of unit variance."""
+    rng = np.random.default_rng(seed)
+    x = np.empty((chains, length))
+    x[:, 0] = rng.standard_normal(chains)
+    noise = rng.standard_normal((chains, length)) * math.sqrt(1 - phi**2)
+    for t in range(1, length):
+        x[:, t] = phi * x[:, t - 1] + noise[:, t]
+    return x
+
+
+# ---- one ESS / R-hat: ArviZ's -----------------------------------------------------------------------------
+
+
+def test_ess_and_rhat_are_arvizs_and_match_an_ar1_chain():
+    """AR(1) with phi = 0.5: ESS = n (1 - phi) / (1 + phi) = n / 3. The estimator's relative error on 4 chains of
+    5000 draws is a few percent; 15% is far outside it."""
+    phi, x = 0.5, ar1(0.5, 4, 5000)
+    chains = torch.as_tensor(np.stack([x, 2 * x + 1], -1))  # (C, T, 2)
+    ess, tail, rhat = diagnostics.ess(chains), diagnostics.ess(chains, "tail"), diagnostics.rhat(chains)
+    assert ess.shape == tail.shape == rhat.shape == (2,) and ess.dtype == torch.float64
+    assert float(ess[0]) == pytest.approx(float(az.ess(x, method="bulk")), rel=1e-12)
+    assert float(tail[0]) == pytest.approx(float(az.ess(x, method="tail")), rel=1e-12)
+    assert float(rhat[0]) == pytest.approx(float(az.rhat(x, method="rank")), rel=1e-12)
+    assert torch.allclose(ess[0], ess[1]) and torch.allclose(rhat[0], rhat[1])  # rank-normalized: affine-free
+    expected = x.size * (1 - phi) / (1 + phi)
+    assert abs(float(ess[0]) / expected - 1) < 0.15, (float(ess[0]), expected)
+    assert float(rhat[0]) < 1.01
+    assert float(diagnostics.ess(torch.as_tensor(x))) == pytest.approx(float(ess[0]))  # (C, T): a scalar
+    found = diagnostics.chain_diagnostics(chains)
+    assert set(found) == {"ess", "ess_tail", "rhat", "iat"}
+    assert torch.allclose(found["iat"], x.size / ess)
+
+
+def test_rhat_flags_chains_that_disagree_and_short_or_single_chains_give_nan():
+    chains = torch.randn(8, 2000, 2, generator=GEN(0))
+    assert ((diagnostics.rhat(chains) - 1).abs() < 0.01).all()
+    assert (diagnostics.rhat(chains + torch.arange(8.0).reshape(8, 1, 1)) > 2).all()
+    assert diagnostics.rhat(chains[:1]).isnan().all()  # R-hat compares chains
+    assert diagnostics.ess(chains[:, :1000]).gt(0.8 * 8000).all()
+    # 500 chains of 4 draws: ArviZ would return its bound n log10 n (6602 for 2000 draws) whatever the chains.
+    assert diagnostics.ess(chains[:, :4]).isnan().all()
+    one = diagnostics.summary(chains[:1])
+    assert one["rhat"] is None and one["ess_bulk"] == pytest.approx(float(diagnostics.ess(chains[:1]).min()))
+
+
+# ---- posteriors -------------------------------------------------------------------------------------------
+
+
+def test_sple_keeps_its_chains_named_after_the_parameters(task, sple_data):
+    posterior = sple_data.posterior
+    assert list(posterior.data_vars) == task.parameter_names == ["theta_1", "theta_2"]
+    assert dict(posterior.sizes) == {"chain": 20, "draw": 50}
+    rhat, ess = az.rhat(sple_data), az.ess(sple_data)
+    for name in task.parameter_names:
+        assert math.isfinite(float(rhat[name])) and float(rhat[name]) < 1.1, float(rhat[name])
+        assert float(ess[name]) > 200, float(ess[name])
+    attrs = posterior.attrs
+    assert attrs["method"] == "SPLE" and attrs["task"] == "conjugate_gaussian"
+    assert attrs["epsilon"] == task.epsilon
+    assert attrs["release"] == pytest.approx(task.y_obs.reshape(-1).tolist())
+    settings = json.loads(attrs["settings"])
+    assert settings["kind"] == "likelihood" and settings["mcmc"]["num_chains"] == 20
+    assert attrs["sampler"] == "mcmc:elliptical_slice" and attrs["num_chains"] == 20
+    assert np.allclose(sple_data.observed_data["release"].values, task.y_obs.reshape(-1).numpy())
+    assert sple_data.posterior_predictive["release"].shape == (20, 50, task.dim_s)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # ArviZ's plots on matplotlib >= 3.11
+def test_arviz_functions_apply(sple_data, tmp_path):
+    summary = az.summary(sple_data)
+    assert list(summary.index) == ["theta_1", "theta_2"] and {"r_hat", "ess_bulk"} <= set(summary.columns)
+    for name, axes in (
+        ("trace", az.plot_trace(sple_data, compact=True)),
+        ("posterior", az.plot_posterior(sple_data)),
+        ("ppc", az.plot_ppc(sple_data, num_pp_samples=20, random_seed=0)),
+    ):
+        figure = np.ravel(axes)[0].figure
+        figure.savefig(tmp_path / f"{name}.png")
+        matplotlib.pyplot.close(figure)
+    sple_data.to_netcdf(tmp_path / "posterior.nc")  # every attribute is netCDF-safe
+    assert az.from_netcdf(tmp_path / "posterior.nc").posterior.attrs["method"] == "SPLE"
+
+
+def test_sample_chains_are_the_chains_behind_sample(sple):
+    draws = sple.sample((130,), seed=4)
+    chains = sple.sample_chains(130, seed=4)
+    assert chains.shape == (20, 7, 2)
+    assert torch.equal(chains.transpose(0, 1).reshape(-1, 2)[:130], draws)
+    assert torch.equal(sple.sample_chains(400, seed=4)[:, :7], chains)  # a longer run continues the chains
+
+
+def test_a_flow_posterior_is_one_chain_of_independent_draws(task):
+    torch.manual_seed(0)
+    flow = ConditionalFlow(FlowConfig(**TINY_FLOW), torch.randn(50, 2), torch.randn(50, 2))
+    posterior = FlowPosterior(task, flow, "SPPE", amortized=True)
+    data = posterior.to_arviz(300, seed=1)
+    assert dict(data.posterior.sizes) == {"chain": 1, "draw": 300}
+    draws = posterior.sample((300,), seed=1)
+    assert np.allclose(data.posterior["theta_2"].values[0], draws[:, 1].numpy())
+    assert data.posterior.attrs["sampler"] == "flow" and data.posterior.attrs["method"] == "SPPE"
+
+
+# ---- baselines -----------------------------------------------------------------------------------------
+
+
+def test_an_mcmc_baseline_keeps_its_chains():
+    task = dpsbi.tasks.load("poisson_counts")
+    result = pmmh(task, 400, 20, 0.3, num_chains=4, burn_in=100, generator=GEN(1), progress=False)
+    data = result.to_arviz(task)
+    assert list(data.posterior.data_vars) == ["theta"] and dict(data.posterior.sizes) == {
+        "chain": 4,
+        "draw": 300,
+    }
+    assert torch.equal(
+        torch.as_tensor(data.posterior["theta"].values), result.info["chains"][..., 0].double()
+    )
+    attrs = data.posterior.attrs
+    assert attrs["method"] == "PMMH" and attrs["epsilon"] == task.epsilon and attrs["sampler"] == "mcmc"
+    assert attrs["num_simulations"] == result.num_simulations
+    assert json.loads(attrs["settings"])["num_particles"] == 20
+    # The result's own diagnostics are ArviZ's, on the same chains.
+    assert float(result.info["rhat"][0]) == pytest.approx(float(az.rhat(data)["theta"]))
+    assert float(result.info["ess"][0]) == pytest.approx(float(az.ess(data)["theta"]))
+    assert float(result.info["iat"][0]) == pytest.approx(1200 / float(result.info["ess"][0]))
+
+
+def test_weighted_abc_draws_are_resampled_into_one_chain():
+    task = dpsbi.tasks.load("poisson_counts")
+    result = abc_is(task, 3000, seed=0, progress=False)
+    data = result.to_arviz(task, num_samples=500, generator=GEN(2), predictive=True)
+    assert dict(data.posterior.sizes) == {"chain": 1, "draw": 500}
+    drawn = torch.as_tensor(data.posterior["theta"].values[0])
+    assert torch.isin(drawn, result.samples[:, 0].double()).all()  # resampled from the weighted draws
+    assert data.posterior.attrs["kish_ess"] == pytest.approx(result.ess)
+    assert data.posterior_predictive["release"].shape == (1, 500, 1)
+    unnamed = result.to_arviz(num_samples=10)  # without the task: generic names, no release
+    assert list(unnamed.posterior.data_vars) == ["theta[0]"] and "release" not in unnamed.posterior.attrs
+
+
+# ---- the run's summary ---------------------------------------------------------------------------------
+
+
+def test_run_summary_reports_rhat_and_ess_of_sple_and_mcmc_baselines(tmp_path, capsys):
+    cache = f"reference.cache_dir={tmp_path / 'cache'}"
+    sple_run = [
+        "method=sple",
+        "task=poisson_counts",
+        "method.rounds=1",
+        "method.sims_per_round=100",
+        "method.inner_samples=4",
+        "method.mcmc={num_chains: 10, warmup: 10, thin: 1, init_candidates: 100}",
+        *NEURAL,
+    ]
+    (row,) = run_experiment(config(*sple_run, *QUICK, cache), tmp_path / "sple")
+    assert 0.9 < row["rhat"] < 1.2 and row["ess_bulk"] > 10, row
+    table = capsys.readouterr().out
+    assert "rhat" in table.splitlines()[1] and "ess_bulk" in table.splitlines()[1]
+    pmmh_run = ["method=pmmh", "task=poisson_counts", "method.num_iterations=200", "method.num_particles=20"]
+    (row,) = run_experiment(config(*pmmh_run, *QUICK, cache), tmp_path / "pmmh")
+    assert math.isfinite(row["rhat"]) and row["ess_bulk"] > 0
+    assert "rhat" in format_table([row]).splitlines()[0]
+
+
+def test_chain_summary_is_empty_without_chains(task):
+    result = abc_is(task, 500, seed=0, progress=False)
+    assert methods.chain_summary(result, 100, 0) == {}
+
+
+# ---- posterior predictive check ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["conjugate_gaussian", "uniform_mixture"])
+def test_ppc_plot_draws_simulated_releases_against_the_observed_one(name, tmp_path):
+    """A 2-coordinate release (a histogram per coordinate) and a 20-coordinate one (intervals in one panel)."""
+    task = dpsbi.tasks.load(name)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        draws = task.prior.sample((200,))
+    path = tmp_path / "ppc.png"
+    tails = ppc_plot(task, {"prior": draws, "half": draws[:100]}, path, num_releases=150, generator=GEN(3))
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+    assert set(tails) == {"prior", "half"}
+    assert tails["prior"].shape == (task.dim_s,) and ((tails["prior"] >= 0) & (tails["prior"] <= 1)).all()
