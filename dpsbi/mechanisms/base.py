@@ -27,6 +27,11 @@ def check_positive(name: str, value: float) -> float:
     return value
 
 
+class IntractableLikelihood(ValueError):
+    """A method needs the exact likelihood ``eta(y | s)`` of a mechanism that has none (e.g. a release
+    post-processed by a step whose likelihood is intractable)."""
+
+
 class Mechanism(abc.ABC):
     """A curator's privacy mechanism ``y ~ eta(. | s)`` on a ``dim``-dimensional statistic.
 
@@ -76,6 +81,28 @@ class Mechanism(abc.ABC):
         """Boolean tensor of shape ``y.shape[:-1]``: whether each release can be produced."""
         return torch.isfinite(y).all(-1)
 
+    @property
+    def has_log_prob(self) -> bool:
+        """Whether :meth:`log_prob` is the exact likelihood (False for post-processing whose likelihood is
+        intractable, see :class:`~dpsbi.mechanisms.PostProcessed`): the methods that evaluate ``eta(y | s)``
+        (exact ABC, PMMH, MHAAR, DA-MCMC, MCEM, ...) refuse a mechanism without it."""
+        return True
+
+    def require_log_prob(self, method: str) -> None:
+        """Raise :class:`IntractableLikelihood` (one line naming ``method``) unless :attr:`has_log_prob`."""
+        if not self.has_log_prob:
+            raise IntractableLikelihood(
+                f"{method} evaluates the likelihood eta(y | s) of {self!r}, which is intractable; "
+                "use a simulation-based method (SPPE, SMC-ABC)"
+            )
+
+    def require_likelihood_flow(self, method: str) -> None:
+        """Raise ``ValueError`` (one line naming ``method``) unless a likelihood flow can model the releases:
+        they have a density, or they lie on the :attr:`lattice` (dequantized). True of every mechanism that is
+        not post-processed; :class:`~dpsbi.mechanisms.PostProcessed` refuses steps that break this (an atom at
+        0 on top of a density)."""
+        return None
+
     def sample(self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
         """Releases for confidential statistics ``s`` of shape ``(..., input_dim)``.
 
@@ -118,3 +145,38 @@ class Mechanism(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g})"
+
+
+class AdditiveNoise:
+    """Mixin of mechanisms ``y = s + n`` whose coordinates ``n_i`` are i.i.d., symmetric about 0 and unimodal,
+    with a density (``lattice = None``) or on the integers (``lattice = 1``). Subclasses define the elementwise
+    :meth:`noise_log_prob` and :meth:`noise_log_cdf`; the per-coordinate functions below are what exact
+    post-processing likelihoods (clamping, rounding: :class:`~dpsbi.mechanisms.PostProcessed`) are built from.
+    """
+
+    lattice: float | None
+
+    def noise_log_prob(self, x: Tensor) -> Tensor:
+        """Elementwise log density (or pmf) of one noise coordinate at ``x``."""
+        raise NotImplementedError
+
+    def noise_log_cdf(self, x: Tensor) -> Tensor:
+        """Elementwise ``log P(n_i <= x)``."""
+        raise NotImplementedError
+
+    def coordinate_log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        """Elementwise ``log eta_i(y_i | s_i)``, shape ``broadcast(y, s)``."""
+        return self.noise_log_prob(y - s)
+
+    def coordinate_log_cdf(self, y: Tensor, s: Tensor) -> Tensor:
+        """Elementwise ``log P(Y_i <= y_i | s_i)``."""
+        return self.noise_log_cdf(y - s)
+
+    def coordinate_log_sf(self, y: Tensor, s: Tensor) -> Tensor:
+        """Elementwise ``log P(Y_i > y_i | s_i)``, from the lower tail by symmetry (no cancellation)."""
+        x = y - s
+        return self.noise_log_cdf(-x if self.lattice is None else -torch.floor(x) - 1)
+
+    def coordinate_max_log_prob(self, y: Tensor) -> Tensor:
+        """Elementwise ``sup_s log eta_i(y_i | s_i)``: the noise's mode is 0."""
+        return self.noise_log_prob(torch.zeros_like(y))

@@ -9,7 +9,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from torch import Tensor
 
-from .base import Mechanism, check_positive
+from .base import AdditiveNoise, Mechanism, check_positive
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
@@ -32,7 +32,7 @@ def analytic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     return sensitivity / mu
 
 
-class Gaussian(Mechanism):
+class Gaussian(AdditiveNoise, Mechanism):
     """``y = s + sigma * N(0, I)``.
 
     Calibrated from ``(epsilon, delta)`` and the L2 ``sensitivity`` with ``calibration='classic'``
@@ -72,6 +72,20 @@ class Gaussian(Mechanism):
         mech.mu, mech.sigma = mu, mech.sensitivity / mu
         return mech
 
+    @classmethod
+    def from_sigma(cls, sigma: float, sensitivity: float, dim: int = 1, delta: float = 1e-6) -> Gaussian:
+        """The mechanism with noise standard deviation ``sigma`` exactly (``mu = sensitivity / sigma``-GDP,
+        ``rho = mu^2 / 2``-zCDP); ``epsilon`` is its exact value at ``delta``."""
+        sigma = check_positive("sigma", sigma)
+        mech = cls.gdp(check_positive("sensitivity", sensitivity) / sigma, sensitivity, dim, delta)
+        mech.sigma = sigma
+        return mech
+
+    @property
+    def rho(self) -> float:
+        """Its zero-concentrated DP parameter ``rho = sensitivity^2 / (2 sigma^2)`` (Bun & Steinke 2016)."""
+        return self.sensitivity**2 / (2 * self.sigma**2)
+
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
         # ndtri stays finite for every u in (0, 1); sqrt(2) erfinv(2u - 1) is -inf in float32 below u = 2^-25.
         return s + self.sigma * torch.special.ndtri(u)
@@ -83,6 +97,12 @@ class Gaussian(Mechanism):
     def max_log_prob(self, y: Tensor) -> Tensor:
         value = -self.dim * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))
         return torch.full(y.shape[:-1], value, dtype=y.dtype, device=y.device)
+
+    def noise_log_prob(self, x: Tensor) -> Tensor:
+        return -0.5 * (x / self.sigma) ** 2 - math.log(self.sigma) - 0.5 * math.log(2 * math.pi)
+
+    def noise_log_cdf(self, x: Tensor) -> Tensor:
+        return torch.special.log_ndtr(x / self.sigma)
 
     def __repr__(self) -> str:
         return (

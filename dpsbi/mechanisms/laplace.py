@@ -7,10 +7,10 @@ import math
 import torch
 from torch import Tensor
 
-from .base import Mechanism, check_positive
+from .base import AdditiveNoise, Mechanism, check_positive
 
 
-class Laplace(Mechanism):
+class Laplace(AdditiveNoise, Mechanism):
     """``y = s + b * Lap(1)`` on every coordinate, with ``b = sensitivity / epsilon``.
 
     ``sensitivity`` is the L1 sensitivity of the whole ``dim``-dimensional statistic, so the
@@ -22,6 +22,14 @@ class Laplace(Mechanism):
         self.sensitivity = check_positive("sensitivity", sensitivity)
         self.scale = self.sensitivity / self.epsilon
 
+    @classmethod
+    def from_scale(cls, scale: float, sensitivity: float, dim: int = 1) -> Laplace:
+        """The mechanism with noise scale ``b = scale`` exactly; its ``epsilon`` is ``sensitivity / scale``."""
+        scale = check_positive("scale", scale)
+        mech = cls(check_positive("sensitivity", sensitivity) / scale, sensitivity, dim)
+        mech.scale = scale
+        return mech
+
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
         # Inverse CDF written on both halves so that neither side loses precision near 0 or 1.
         noise = torch.where(u < 0.5, torch.log(2 * u), -torch.log(2 * (1 - u)))
@@ -32,6 +40,15 @@ class Laplace(Mechanism):
 
     def max_log_prob(self, y: Tensor) -> Tensor:
         return torch.full(y.shape[:-1], -self.dim * math.log(2 * self.scale), dtype=y.dtype, device=y.device)
+
+    def noise_log_prob(self, x: Tensor) -> Tensor:
+        return -x.abs() / self.scale - math.log(2 * self.scale)
+
+    def noise_log_cdf(self, x: Tensor) -> Tensor:
+        z = x / self.scale
+        return torch.where(
+            z < 0, z.clamp(max=0) - math.log(2), torch.log1p(-0.5 * torch.exp(-z.clamp(min=0)))
+        )
 
     def __repr__(self) -> str:
         return f"Laplace(dim={self.dim}, epsilon={self.epsilon:g}, sensitivity={self.sensitivity:g}, scale={self.scale:g})"

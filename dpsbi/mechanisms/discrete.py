@@ -1,0 +1,378 @@
+"""Discrete Laplace (two-sided geometric) and discrete Gaussian mechanisms on integer statistics, and their
+privacy accounting.
+
+- :class:`DiscreteLaplace`: ``y = s + n``, ``P(n = k) = (1 - p) / (1 + p) p^|k|`` with ``p = e^{-1/t}`` and
+  scale ``t = sensitivity / epsilon`` (``sensitivity``: L1); ``epsilon``-DP (Ghosh, Roughgarden & Sundararajan
+  2012; OpenDP's ``make_laplace`` / ``make_geometric`` on integers).
+- :class:`DiscreteGaussian`: ``P(n = k) = e^{-k^2 / (2 sigma^2)} / Z`` (Canonne, Kamath & Steinke 2020, "CKS";
+  OpenDP's ``make_gaussian`` on integers). It is ``rho``-zCDP with ``rho = Delta_2^2 / (2 sigma^2)`` (CKS
+  Thm. 4, and Thm. 14 for vectors with L2 sensitivity ``Delta_2``). Its ``(epsilon, delta)`` curve is CKS
+  Thm. 7 exactly for a scalar statistic, and the zCDP conversion (CKS Cor. 13 / Prop. 12) for a vector.
+
+Both draw their noise by inverse CDF (``y = G(s, u)``, for RQMC), vectorized on the device: the discrete
+Laplace quantile in closed form, the discrete Gaussian's by ``searchsorted`` in a CDF table over
+``|k| <= 10 sigma + 2`` (the mass outside it is below 1e-21), built once and cached per device and dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import brentq, minimize_scalar
+from scipy.special import logsumexp
+from torch import Tensor
+
+from .base import AdditiveNoise, Mechanism, check_positive
+from .gaussian import analytic_sigma
+
+#: Elements x terms evaluated at once by the exact far-tail sums of :meth:`DiscreteGaussian.noise_log_cdf`.
+_CHUNK = 1 << 22
+
+
+def _check_sensitivity(sensitivity: float, integer: bool) -> float:
+    sensitivity = check_positive("sensitivity", sensitivity)
+    if sensitivity < 1:
+        raise ValueError(
+            f"sensitivity must be >= 1 for an integer statistic (a change of one is the least), got {sensitivity:g}"
+        )
+    if integer and sensitivity != math.floor(sensitivity):
+        raise ValueError(f"sensitivity of a scalar integer statistic must be an integer, got {sensitivity:g}")
+    return sensitivity
+
+
+def _check_delta(delta: float) -> float:
+    delta = float(delta)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    return delta
+
+
+def _require_integers(s: Tensor, name: str) -> None:
+    if s.is_floating_point() and bool((s != torch.round(s)).any()):
+        bad = s[s != torch.round(s)][0].item()
+        raise ValueError(
+            f"{name} adds integer noise to integer statistics; s holds non-integer values, e.g. {bad}"
+        )
+
+
+def _integer_valued(x: Tensor) -> Tensor:
+    return torch.isfinite(x) & (x == torch.round(x))
+
+
+# ---- discrete Gaussian: normalizer, tails, (epsilon, delta) ----------------------------------------------------
+
+
+def discrete_gaussian_log_normalizer(sigma: float) -> float:
+    """``log Z``, ``Z = sum_k e^{-k^2 / (2 sigma^2)}``: summed directly for ``sigma < 1``, else by Poisson summation
+    ``Z = sigma sqrt(2 pi) (1 + 2 sum_{n >= 1} e^{-2 pi^2 sigma^2 n^2})`` (both exact to float precision)."""
+    sigma = check_positive("sigma", sigma)
+    if sigma < 1:
+        k = np.arange(-(math.ceil(10 * sigma) + 2), math.ceil(10 * sigma) + 3, dtype=np.float64)
+        return float(logsumexp(-(k**2) / (2 * sigma**2)))
+    n = np.arange(1, 4, dtype=np.float64)
+    return math.log(sigma * math.sqrt(2 * math.pi)) + math.log1p(
+        2 * float(np.exp(-2 * math.pi**2 * sigma**2 * n**2).sum())
+    )
+
+
+def discrete_gaussian_log_tail(m: int, sigma: float) -> float:
+    """``log P(Y >= m)`` for an integer ``m`` and ``Y ~ N_Z(0, sigma^2)``, summed term by term (relative error
+    below e^-50)."""
+    m = int(m)
+    if m <= 0:  # P(Y >= m) = 1 - P(Y <= m - 1) = 1 - P(Y >= 1 - m)
+        return math.log1p(-math.exp(discrete_gaussian_log_tail(1 - m, sigma)))
+    terms = math.ceil(min(10 * sigma, 50 * sigma**2 / m)) + 2
+    k = m + np.arange(terms, dtype=np.float64)
+    return float(logsumexp(-(k**2) / (2 * sigma**2))) - discrete_gaussian_log_normalizer(sigma)
+
+
+def discrete_gaussian_delta(epsilon: float, sigma: float, sensitivity: int) -> float:
+    """Exact ``delta(epsilon)`` of ``q + N_Z(0, sigma^2)`` for an integer-valued scalar ``q`` of sensitivity
+    ``Delta`` (CKS Thm. 7): ``P(Y > eps sigma^2 / Delta - Delta / 2) - e^eps P(Y > eps sigma^2 / Delta + Delta / 2)``."""
+    a = epsilon * sigma**2 / sensitivity - sensitivity / 2
+    upper = discrete_gaussian_log_tail(math.floor(a) + 1, sigma)  # P(Y > x) = P(Y >= floor(x) + 1)
+    lower = discrete_gaussian_log_tail(math.floor(a + sensitivity) + 1, sigma)
+    return max(0.0, math.exp(upper) - math.exp(epsilon + lower))
+
+
+def _decreasing_root(f, start: float) -> float:
+    """Root in ``log x`` of a decreasing ``f`` bracketed by doubling / halving from ``start``."""
+    lo = hi = math.log(start)
+    while f(math.exp(lo)) < 0:
+        lo -= math.log(2)
+    while f(math.exp(hi)) > 0:
+        hi += math.log(2)
+    return math.exp(brentq(lambda x: f(math.exp(x)), lo, hi, xtol=1e-13, rtol=1e-14))
+
+
+def discrete_gaussian_epsilon(delta: float, sigma: float, sensitivity: int) -> float:
+    """The smallest ``epsilon`` with ``discrete_gaussian_delta(epsilon) <= delta`` (scalar statistic)."""
+    if discrete_gaussian_delta(0.0, sigma, sensitivity) <= delta:
+        raise ValueError(
+            f"a discrete Gaussian with sigma={sigma:g} and sensitivity {sensitivity:g} is already (0, {delta:g})-DP; "
+            "choose a smaller delta"
+        )
+    upper = 1.0
+    while discrete_gaussian_delta(upper, sigma, sensitivity) > delta:
+        upper *= 2
+    return brentq(
+        lambda e: discrete_gaussian_delta(e, sigma, sensitivity) - delta, 0.0, upper, xtol=1e-14, rtol=1e-14
+    )
+
+
+def discrete_gaussian_sigma(epsilon: float, delta: float, sensitivity: int) -> float:
+    """The smallest ``sigma`` whose discrete Gaussian is exactly ``(epsilon, delta)``-DP on a scalar integer
+    statistic of sensitivity ``Delta`` (CKS Thm. 7 solved by bisection in ``log sigma``)."""
+    start = analytic_sigma(epsilon, delta, sensitivity)  # the continuous Gaussian's: close
+    sigma = _decreasing_root(lambda s: discrete_gaussian_delta(epsilon, s, sensitivity) - delta, start)
+    while (
+        discrete_gaussian_delta(epsilon, sigma, sensitivity) > delta
+    ):  # land on the private side of the root
+        sigma *= 1 + 1e-12
+    return sigma
+
+
+def zcdp_epsilon(rho: float, delta: float) -> float:
+    """``epsilon`` at ``delta`` of a ``rho``-zCDP mechanism by CKS Cor. 13 (Prop. 12 applied to the Renyi
+    divergences ``alpha rho``): ``inf_{alpha > 1} alpha rho + log(1 - 1/alpha) - (log delta + log alpha) / (alpha - 1)``."""
+    rho, delta = check_positive("rho", rho), _check_delta(delta)
+
+    def eps(x: float) -> float:  # x = log(alpha - 1)
+        alpha = 1 + math.exp(x)
+        return alpha * rho + math.log1p(-1 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1)
+
+    guess = math.log(
+        math.sqrt(math.log(1 / delta) / rho)
+    )  # the optimum is near alpha - 1 = sqrt(log(1/delta) / rho)
+    best = minimize_scalar(eps, bounds=(guess - 8, guess + 8), method="bounded", options={"xatol": 1e-12})
+    return max(0.0, float(best.fun))
+
+
+def zcdp_rho(epsilon: float, delta: float) -> float:
+    """The largest ``rho`` whose zCDP guarantee converts to ``(epsilon, delta)`` by :func:`zcdp_epsilon`."""
+    epsilon, delta = check_positive("epsilon", epsilon), _check_delta(delta)
+    rho = _decreasing_root(lambda r: epsilon - zcdp_epsilon(r, delta), epsilon**2 / (4 * math.log(1 / delta)))
+    while zcdp_epsilon(rho, delta) > epsilon:
+        rho *= 1 - 1e-12
+    return rho
+
+
+# ---- the mechanisms ---------------------------------------------------------------------------------------------
+
+
+class DiscreteLaplace(AdditiveNoise, Mechanism):
+    """``y = s + n`` on integer statistics, ``n_i`` i.i.d. discrete Laplace (two-sided geometric) with
+    ``P(n_i = k) = (1 - p) / (1 + p) p^|k|``, ``p = e^{-1/t}``, scale ``t = sensitivity / epsilon``.
+
+    ``sensitivity`` is the L1 sensitivity of the integer statistic (>= 1); the release is ``epsilon``-DP (pure).
+    :meth:`from_scale` builds it from the scale ``t`` (OpenDP's ``scale``). Releases are integers (``lattice = 1``).
+    """
+
+    lattice = 1.0
+
+    def __init__(self, epsilon: float, sensitivity: float, dim: int = 1) -> None:
+        super().__init__(dim, epsilon)
+        self.sensitivity = _check_sensitivity(sensitivity, integer=False)
+        self._set_scale(self.sensitivity / self.epsilon)
+
+    def _set_scale(self, scale: float) -> None:
+        self.scale = scale
+        self.p = math.exp(-1 / scale)
+        self._log_p0 = math.log(-math.expm1(-1 / scale)) - math.log1p(self.p)  # log((1 - p) / (1 + p))
+
+    @classmethod
+    def from_scale(cls, scale: float, sensitivity: float, dim: int = 1) -> DiscreteLaplace:
+        """The mechanism with scale ``t = scale`` exactly; its ``epsilon`` is ``sensitivity / scale``."""
+        scale = check_positive("scale", scale)
+        mech = cls(_check_sensitivity(sensitivity, integer=False) / scale, sensitivity, dim)
+        mech._set_scale(scale)
+        return mech
+
+    def with_epsilon(self, epsilon: float) -> DiscreteLaplace:
+        """The same mechanism (sensitivity, dim) calibrated at another ``epsilon``."""
+        return type(self)(epsilon, self.sensitivity, self.dim)
+
+    def transform(self, s: Tensor, u: Tensor) -> Tensor:
+        _require_integers(s, type(self).__name__)
+        # Smallest k with F(k) >= u, by symmetry from the lower tail F(-m) = p^m / (1 + p), m >= 1.
+        lower = u <= 0.5
+        w = torch.where(lower, u, 1 - u)
+        r = -self.scale * (torch.log(w) + math.log1p(self.p))  # F(-m) >= w  <=>  m <= r
+        k = torch.where(lower, -torch.floor(r), torch.ceil(r) - 1)
+        return s + k
+
+    def noise_log_prob(self, x: Tensor) -> Tensor:
+        return torch.where(_integer_valued(x), self._log_p0 - x.abs() / self.scale, -math.inf)
+
+    def noise_log_cdf(self, x: Tensor) -> Tensor:
+        k = torch.floor(x)
+        below = k.clamp(max=-1) / self.scale - math.log1p(self.p)  # k < 0: p^|k| / (1 + p)
+        above = torch.log1p(-torch.exp(-(k.clamp(min=0) + 1) / self.scale - math.log1p(self.p)))
+        return torch.where(k < 0, below, above)
+
+    def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        return self.noise_log_prob(y - s).sum(-1)
+
+    def max_log_prob(self, y: Tensor) -> Tensor:
+        return torch.full(y.shape[:-1], self.dim * self._log_p0, dtype=y.dtype, device=y.device)
+
+    def in_support(self, y: Tensor) -> Tensor:
+        return _integer_valued(y).all(-1)
+
+    def __repr__(self) -> str:
+        return (
+            f"DiscreteLaplace(dim={self.dim}, epsilon={self.epsilon:g}, sensitivity={self.sensitivity:g}, "
+            f"scale={self.scale:g})"
+        )
+
+
+class DiscreteGaussian(AdditiveNoise, Mechanism):
+    """``y = s + n`` on integer statistics, ``n_i`` i.i.d. discrete Gaussian ``P(n_i = k) ∝ e^{-k^2 / (2 sigma^2)}``.
+
+    Give exactly one calibration: ``epsilon`` with ``delta`` (the smallest ``sigma`` that is exactly
+    ``(epsilon, delta)``-DP: CKS Thm. 7 for ``dim = 1``; for ``dim > 1`` the largest ``rho`` whose zCDP guarantee
+    converts to ``(epsilon, delta)``, CKS Cor. 13), ``rho`` (zCDP, ``sigma = sensitivity / sqrt(2 rho)``) or
+    ``sigma``; also :meth:`from_rho`, :meth:`from_sigma`. ``sensitivity`` is the L2 sensitivity (>= 1; an integer
+    for ``dim = 1``).
+
+    It is a zCDP mechanism: :attr:`rho` ``= sensitivity^2 / (2 sigma^2)`` is its guarantee, and :attr:`epsilon`
+    is its ``epsilon`` at :attr:`delta` (given, or by default ``delta = 1e-6`` when built from ``rho`` or
+    ``sigma``), computed as above. Releases are integers (``lattice = 1``).
+    """
+
+    lattice = 1.0
+
+    def __init__(
+        self,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        sensitivity: float = 1.0,
+        dim: int = 1,
+        *,
+        rho: float | None = None,
+        sigma: float | None = None,
+    ) -> None:
+        given = [name for name, v in (("epsilon", epsilon), ("rho", rho), ("sigma", sigma)) if v is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"DiscreteGaussian takes exactly one of epsilon (with delta), rho and sigma, got {given or 'none'}"
+            )
+        if int(dim) < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim}")
+        self.sensitivity = _check_sensitivity(sensitivity, integer=int(dim) == 1)
+        if epsilon is not None:
+            if delta is None:
+                raise ValueError("DiscreteGaussian(epsilon=...) needs delta (0 < delta < 1)")
+            epsilon, delta = check_positive("epsilon", epsilon), _check_delta(delta)
+            if int(dim) == 1:
+                sigma = discrete_gaussian_sigma(epsilon, delta, int(self.sensitivity))
+            else:
+                sigma = self.sensitivity / math.sqrt(2 * zcdp_rho(epsilon, delta))
+            self.sigma, self.rho = sigma, self.sensitivity**2 / (2 * sigma**2)
+        else:
+            delta = _check_delta(1e-6 if delta is None else delta)
+            if rho is not None:
+                self.rho = check_positive("rho", rho)
+                self.sigma = self.sensitivity / math.sqrt(2 * self.rho)
+            else:
+                self.sigma = check_positive("sigma", sigma)
+                self.rho = self.sensitivity**2 / (2 * self.sigma**2)
+            if int(dim) == 1:
+                epsilon = discrete_gaussian_epsilon(delta, self.sigma, int(self.sensitivity))
+            else:
+                epsilon = zcdp_epsilon(self.rho, delta)
+                if epsilon <= 0:
+                    raise ValueError(
+                        f"a {self.rho:g}-zCDP mechanism is already (0, {delta:g})-DP; choose a smaller delta"
+                    )
+        super().__init__(dim, epsilon, delta)
+        self.log_normalizer = discrete_gaussian_log_normalizer(self.sigma)
+        self.half_width = math.ceil(10 * self.sigma) + 2  # the noise table covers |k| <= half_width
+        k = torch.arange(-self.half_width, self.half_width + 1, dtype=torch.float64)
+        log_cdf = torch.logcumsumexp(-(k**2) / (2 * self.sigma**2) - self.log_normalizer, 0)
+        # Above the median from the lower tail by symmetry, F(k) = 1 - F(-k - 1): accurate and never above 1.
+        below = torch.cat(
+            [log_cdf[: self.half_width].flip(0), torch.tensor([-math.inf], dtype=torch.float64)]
+        )
+        self._log_cdf64 = torch.cat([log_cdf[: self.half_width], torch.log1p(-torch.exp(below))])
+        self._tables: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    @classmethod
+    def from_rho(
+        cls, rho: float, sensitivity: float = 1.0, dim: int = 1, delta: float = 1e-6
+    ) -> DiscreteGaussian:
+        """The ``rho``-zCDP discrete Gaussian; ``epsilon`` is its value at ``delta``."""
+        return cls(sensitivity=sensitivity, dim=dim, delta=delta, rho=rho)
+
+    @classmethod
+    def from_sigma(
+        cls, sigma: float, sensitivity: float = 1.0, dim: int = 1, delta: float = 1e-6
+    ) -> DiscreteGaussian:
+        """The discrete Gaussian with parameter ``sigma`` (OpenDP's ``scale``); ``epsilon`` is its value at ``delta``."""
+        return cls(sensitivity=sensitivity, dim=dim, delta=delta, sigma=sigma)
+
+    def with_epsilon(self, epsilon: float) -> DiscreteGaussian:
+        """The same mechanism (sensitivity, dim) calibrated to ``(epsilon, self.delta)``."""
+        return type(self)(epsilon, self.delta, self.sensitivity, self.dim)
+
+    def _table(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(cdf, log_cdf)`` over ``k = -half_width..half_width`` on ``device`` in ``dtype``, built once."""
+        key = (torch.device(device), dtype)
+        if key not in self._tables:
+            log_cdf = self._log_cdf64.to(device=device, dtype=dtype)
+            self._tables[key] = (self._log_cdf64.exp().to(device=device, dtype=dtype), log_cdf)
+        return self._tables[key]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tables": {}}  # device tables are rebuilt where they are used
+
+    def transform(self, s: Tensor, u: Tensor) -> Tensor:
+        _require_integers(s, type(self).__name__)
+        cdf, _ = self._table(u.device, u.dtype)
+        # The smallest k with F(k) >= u; above the median by symmetry, k = -j - 1 with j the largest F(j) <= 1 - u.
+        lower = u <= 0.5
+        w = torch.where(lower, u, 1 - u).contiguous()
+        below = torch.searchsorted(cdf, w) - self.half_width
+        above = self.half_width - torch.searchsorted(cdf, w, right=True)
+        return s + torch.where(lower, below, above).to(u.dtype)
+
+    def noise_log_prob(self, x: Tensor) -> Tensor:
+        return torch.where(_integer_valued(x), -(x**2) / (2 * self.sigma**2) - self.log_normalizer, -math.inf)
+
+    def noise_log_cdf(self, x: Tensor) -> Tensor:
+        _, table = self._table(x.device, x.dtype)
+        k = torch.floor(x)
+        index = (k + self.half_width).clamp(0, 2 * self.half_width)
+        out = table[index.nan_to_num(0).long()]
+        out = torch.where(torch.isnan(x), x, out)
+        far = k < -self.half_width  # beyond the table: log P(Y >= m), m = -k, summed term by term
+        if bool(far.any()):
+            m = -k[far].double()
+            least = float(m.min())
+            terms = (
+                math.ceil(min(10 * self.sigma, 50 * self.sigma**2 / least)) + 2 if math.isfinite(least) else 1
+            )
+            j = torch.arange(terms, dtype=torch.float64, device=x.device)
+            sums = []
+            for start in range(0, m.numel(), max(1, _CHUNK // terms)):
+                chunk = m[start : start + max(1, _CHUNK // terms), None] + j
+                sums.append(torch.logsumexp(-(chunk**2) / (2 * self.sigma**2), -1))
+            out = out.masked_scatter(far, (torch.cat(sums) - self.log_normalizer).to(x.dtype))
+        return out
+
+    def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        return self.noise_log_prob(y - s).sum(-1)
+
+    def max_log_prob(self, y: Tensor) -> Tensor:
+        return torch.full(y.shape[:-1], -self.dim * self.log_normalizer, dtype=y.dtype, device=y.device)
+
+    def in_support(self, y: Tensor) -> Tensor:
+        return _integer_valued(y).all(-1)
+
+    def __repr__(self) -> str:
+        return (
+            f"DiscreteGaussian(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g}, rho={self.rho:g}, "
+            f"sensitivity={self.sensitivity:g}, sigma={self.sigma:g})"
+        )
