@@ -450,7 +450,7 @@ def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
     )  # the sweep-end callback compared them
     assert "naive_npe" in sweep.stdout and "rejection_abc" in sweep.stdout
     naive, rejection = (p.parent for p in runs)
-    assert {p.name for p in naive.glob("*.png")} == {"pairplot.png", "metrics.png"}
+    assert {p.name for p in naive.glob("*.png")} == {"pairplot.png", "metrics.png", "ppc.png"}
 
     out = _cli("dpsbi-sample", str(naive), "--release", "45", "-n", "300", "-o", "draws45.csv", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -52,7 +52,7 @@ from .outputs import (
     write_json,
     write_rows,
 )
-from .plots import metrics_plot, pair_plot
+from .plots import metrics_plot, pair_plot, ppc_plot
 from .reference import Reference, reference_posterior
 
 log = logging.getLogger("dpsbi")
@@ -162,7 +162,7 @@ def _fit_and_score(
             "%s round %d: %s",
             method.name,
             index,
-            ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("task", "method", "round")),
+            ", ".join(f"{k}={_short(v)}" for k, v in row.items() if k not in ("task", "method", "round")),
         )
         rows = earlier + [row]
         write_json(directory / ROWS, rows)
@@ -200,6 +200,11 @@ def _method_result(
         log.info("%s: complete in %s, read back", method.name, directory)
         return read_rows(directory / ROWS), read_draws(directory / "samples.csv")[0], None
     return _fit_and_score(method, settings, plan, cfg, directory, score)
+
+
+def _short(value: Any) -> Any:
+    """A float as the log shows it (4 significant digits); anything else unchanged."""
+    return f"{value:.4g}" if isinstance(value, float) else value
 
 
 def _flatten(value: dict, prefix: str = "") -> dict:
@@ -333,6 +338,11 @@ def _run(cfg: DictConfig, plan: config.Plan, out: Path, records: Mapping[str, st
             ),
             "metrics.png": lambda: metrics_plot(rows, list(evaluation.metrics), out / "metrics.png"),
         }
+        if task.y_obs is not None and task.simulator is not None:  # releases from the posterior vs y_obs
+            generator = torch.Generator(device=task.y_obs.device).manual_seed(int(cfg.seed))
+            figures["ppc.png"] = lambda: ppc_plot(
+                task, finals, out / "ppc.png", num_releases=200, generator=generator
+            )
         for figure, draw in figures.items():
             try:
                 draw()
