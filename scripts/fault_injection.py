@@ -20,11 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
-
-import dpsbi
-from dpsbi.experiment.reference import reference_posterior
-from dpsbi.faults import (
+from faults import (
     DIFFERENT,
     IDENTICAL,
     corruption_trials,
@@ -34,6 +30,10 @@ from dpsbi.faults import (
     run_outputs,
     start,
 )
+from omegaconf import OmegaConf
+
+import dpsbi
+from dpsbi.experiment.reference import reference_posterior
 
 #: A tiny experiment: the conjugate toy has a closed-form reference, so a run is mostly process start-up.
 RUN = [

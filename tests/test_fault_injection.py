@@ -5,20 +5,11 @@ sweeps, hundreds of damaged files) is in docs/RESULTS.md. A run killed with SIGK
 uninterrupted result, and a sweep rerun over its finished points, are tested in tests/test_runs.py (each
 ``dpsbi-run`` process costs ~10 s of imports, so the kill trials at counts live in the script)."""
 
-import importlib.util
 import random
-from pathlib import Path
 
+import fault_injection as faults  # scripts/ is on the tests' path (pyproject.toml)
 import pytest
-from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
-
-from dpsbi.faults import DIFFERENT
-
-_spec = importlib.util.spec_from_file_location(
-    "fault_injection", Path(__file__).parents[1] / "scripts" / "fault_injection.py"
-)
-faults = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(faults)
+from faults import DIFFERENT
 
 
 @pytest.mark.parametrize("trials", [faults.checkpoint_trials, faults.posterior_trials, faults.cache_trials])

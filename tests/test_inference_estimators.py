@@ -3,7 +3,6 @@ callbacks and resuming an interrupted run."""
 
 import pytest
 import torch
-from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 import dpsbi
 from dpsbi.inference.estimator import PROBE_ROWS

@@ -20,15 +20,6 @@ from dpsbi.inference.losses import (
 from dpsbi.mechanisms import Gaussian, Laplace
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small tensor ops: one thread each avoids oversubscribing the shared cores (10x faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class LinearGaussian:
     """``q(x | c) = N(x; a c, v I)``, with ``log_prob`` broadcasting like a ConditionalFlow."""
 

@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 import torch
-from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 import dpsbi
 import dpsbi.inference.posterior as posterior_module

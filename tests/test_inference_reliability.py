@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_inference_losses import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 
 import dpsbi
 from dpsbi.inference.losses import sppe_loss

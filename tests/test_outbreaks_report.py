@@ -1,16 +1,10 @@
 """scripts/outbreaks.py: the R0 table and the three figures of docs/RESULTS.md from a sweep directory."""
 
-import importlib.util
 from pathlib import Path
 
+import outbreaks  # scripts/ is on the tests' path (pyproject.toml)
 import torch
 from omegaconf import OmegaConf
-
-_spec = importlib.util.spec_from_file_location(
-    "outbreaks", Path(__file__).parents[1] / "scripts" / "outbreaks.py"
-)
-outbreaks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(outbreaks)
 
 
 def fake_run(root: Path, name: str, method: str, log_beta: float, log_gamma: float) -> None:
