@@ -15,6 +15,8 @@ Layout of ``output_dir``::
     metrics.csv, .json          one row per method and round: simulations, wall time, metrics
     summary.json                the final row of each method; written last: the run is finished
     pairplot.png, metrics.png   posterior vs reference vs truth; metrics against simulations
+    ppc.png                     releases simulated from each method's final draws vs the observed release
+    .hydra/, <job>.log          Hydra's record of the command line and the run's log
 
 Rerunning into the same directory with the same config (up to :data:`IGNORED_KEYS`) prints a finished run's
 summary, and resumes a killed one: complete methods are read back, the others continue from their last
