@@ -1,13 +1,15 @@
 """Command-line entry points.
 
 - ``dpsbi-run [key=value ...]`` (Hydra; ``-m`` for sweeps): run an experiment from ``configs/``.
-- ``dpsbi-sample RUN_DIR|POSTERIOR.pt [--release v1,v2,... | --release-file FILE]``: draws from a saved posterior.
+- ``dpsbi-sample RUN_DIR|POSTERIOR.pt [--release v1,v2,... | --release-file FILE | --releases FILE.csv]
+  [--epsilon EPS]``: draws from a saved posterior, at one release or at many in one batched call.
 - ``dpsbi-compare MULTIRUN_DIR``: table and figure comparing the runs of a sweep.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
@@ -104,6 +106,73 @@ def read_release(text: str | None = None, path: str | Path | None = None) -> tor
     return release.reshape(1, -1)
 
 
+#: Columns of ``dpsbi-sample --summary``: per release and parameter, the mean, sd and three quantiles.
+SUMMARY_COLUMNS = ("release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5")
+
+
+def read_releases(path: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Releases ``(B, d)`` and their epsilons ``(B,)`` (``None`` without an ``epsilon`` column) from a CSV whose
+    header names the columns: the release's ``d`` coordinates, in order, and optionally ``epsilon``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"releases file {path} does not exist")
+    with path.open(newline="") as f:
+        rows = [row for row in csv.reader(f) if any(cell.strip() for cell in row)]
+    if len(rows) < 2:
+        raise ValueError(f"{path}: a releases CSV needs a header row and at least one release")
+    header = [name.strip() for name in rows[0]]
+    if header.count("epsilon") > 1:
+        raise ValueError(f"{path}: more than one epsilon column")
+    values = []
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise ValueError(f"{path}, line {line}: {len(row)} values for {len(header)} columns {header}")
+        try:
+            values.append([float(v) for v in row])
+        except ValueError:
+            raise ValueError(f"{path}, line {line}: a release is numbers, got {row}") from None
+    table = torch.tensor(values, dtype=torch.float64)
+    coordinates = [i for i, name in enumerate(header) if name != "epsilon"]
+    if not coordinates:
+        raise ValueError(f"{path}: no release columns, only epsilon")
+    releases = table[:, coordinates].to(torch.get_default_dtype())
+    epsilon = table[:, header.index("epsilon")] if "epsilon" in header else None
+    return releases, epsilon
+
+
+def release_summary(draws: torch.Tensor, names) -> list[dict]:
+    """Rows of :data:`SUMMARY_COLUMNS` for draws ``(n, B, d)``: per release (0-based index) and parameter."""
+    x = draws.detach().cpu().double().numpy()
+    mean, sd = x.mean(0), x.std(0, ddof=1) if x.shape[0] > 1 else np.zeros(x.shape[1:])
+    q = np.quantile(x, [0.025, 0.5, 0.975], axis=0)
+    return [
+        {
+            "release": b,
+            "parameter": name,
+            "mean": float(mean[b, j]),
+            "sd": float(sd[b, j]),
+            "q2.5": float(q[0, b, j]),
+            "q50": float(q[1, b, j]),
+            "q97.5": float(q[2, b, j]),
+        }
+        for b in range(x.shape[1])
+        for j, name in enumerate(names)
+    ]
+
+
+def _write_csv(path: Path, header, rows) -> None:
+    from .files import atomic_write
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows(rows)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, write)
+
+
 def _posterior_path(target: Path, method: str | None) -> tuple[Path, Path | None]:
     """The posterior file of ``target`` (a run directory or a ``.pt`` file) and the run's directory."""
     if target.is_file():  # <run>/<method>/posterior.pt or <run>/<method>/rounds/round_XX.pt
@@ -138,7 +207,10 @@ def _task_of(run_dir: Path):
 
 def sample(argv: list[str] | None = None) -> None:
     """``dpsbi-sample``: draw from a saved posterior at a release given inline or in a file (default: the
-    run's observed release) and write them as CSV."""
+    run's observed release) and write them as CSV; or, with ``--releases FILE.csv``, at every release of the file
+    in one batched call (each at its own epsilon with an ``epsilon`` column), writing the draws in long form
+    (``-o``: release, draw, parameters) and a per-release summary (``--summary``: mean, sd, 2.5 / 50 / 97.5 %
+    quantiles)."""
     parser = argparse.ArgumentParser(prog="dpsbi-sample", description=sample.__doc__)
     parser.add_argument("target", type=Path, help="a run directory of dpsbi-run, or a saved posterior (.pt)")
     parser.add_argument(
@@ -146,6 +218,19 @@ def sample(argv: list[str] | None = None) -> None:
         help="the release, comma or space separated (default: the run's y_obs); write --release=-0.4,2.9 when it starts with a minus",
     )
     parser.add_argument("--release-file", help="a file holding the release (.csv/.txt, .npy, .pt, .json)")
+    parser.add_argument(
+        "--releases",
+        type=Path,
+        help="a CSV of many releases: a header naming the release's coordinates (and optionally epsilon), one release a row",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        help="the releases' epsilon, for a posterior trained over an epsilon range (default: the task's own)",
+    )
+    parser.add_argument(
+        "--summary", type=Path, help="with --releases: CSV of the per-release summary (mean, sd, quantiles)"
+    )
     parser.add_argument("--method", help="which method of the run (default: the run's main method)")
     parser.add_argument("-n", "--num-samples", type=int, default=1000)
     parser.add_argument(
@@ -156,7 +241,12 @@ def sample(argv: list[str] | None = None) -> None:
     from . import load_posterior
     from .experiment.outputs import format_table, write_draws
 
+    if args.releases is not None:
+        _sample_releases(args)
+        return
     try:
+        if args.summary is not None:
+            raise ValueError("--summary goes with --releases (one summary row per release and parameter)")
         if args.num_samples < 1:
             raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
         path, run_dir = _posterior_path(args.target, args.method)
@@ -165,7 +255,9 @@ def sample(argv: list[str] | None = None) -> None:
         if y is not None and task is not None:
             y = task.check_release(y)
         posterior = load_posterior(path)
-        draws = posterior.sample((args.num_samples,), y=y, seed=args.seed).detach().cpu()
+        draws = (
+            posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon).detach().cpu()
+        )
     except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
     names = (task or posterior.task).parameter_names
@@ -177,6 +269,57 @@ def sample(argv: list[str] | None = None) -> None:
     ]
     print(format_table(rows, ("parameter", "mean", "sd")))
     print(f"{args.num_samples} draws from {path}" + (f" written to {args.output}" if args.output else ""))
+
+
+def _sample_releases(args) -> None:
+    """``dpsbi-sample --releases FILE.csv``: one ``sample_batched`` call at every release of the file."""
+    from . import load_posterior
+    from .experiment.outputs import format_table
+
+    try:
+        if args.release is not None or args.release_file is not None:
+            raise ValueError(
+                "give the releases either as --releases FILE.csv or one as --release/--release-file"
+            )
+        if args.num_samples < 1:
+            raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+        path, run_dir = _posterior_path(args.target, args.method)
+        y, epsilon = read_releases(args.releases)
+        if epsilon is not None and args.epsilon is not None:
+            raise ValueError(f"{args.releases} has an epsilon column: leave --epsilon out")
+        epsilon = args.epsilon if epsilon is None else epsilon
+        task = _task_of(run_dir) if run_dir is not None else None
+        if task is not None:
+            y = task.check_release(y)
+        posterior = load_posterior(path)
+        draws = (
+            posterior.sample_batched((args.num_samples,), y=y, epsilon=epsilon, seed=args.seed).detach().cpu()
+        )
+    except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
+        raise SystemExit(f"dpsbi-sample: error: {error}") from None
+    names = list((task or posterior.task).parameter_names)
+    count = draws.shape[1]
+    if args.output is not None:
+        values = draws.double().numpy()
+        _write_csv(
+            args.output,
+            ["release", "draw", *names],
+            ([b, i, *values[i, b].tolist()] for b in range(count) for i in range(args.num_samples)),
+        )
+    rows = release_summary(draws, names)
+    if args.summary is not None:
+        _write_csv(args.summary, SUMMARY_COLUMNS, ([row[c] for c in SUMMARY_COLUMNS] for row in rows))
+    if count <= 10:
+        print(format_table(rows, SUMMARY_COLUMNS))
+    written = [
+        f"draws to {args.output}" if args.output else "",
+        f"summary to {args.summary}" if args.summary else "",
+    ]
+    written = " and ".join(w for w in written if w)
+    print(
+        f"{args.num_samples} draws at each of {count} releases from {path}"
+        + (f"; {written}" if written else "")
+    )
 
 
 def compare(argv: list[str] | None = None) -> None:

@@ -241,7 +241,8 @@ def check_settings(method: Method, task: Task, settings: dict, seed: int) -> Non
     without simulating anything: a neural estimator is constructed (it validates every setting), a
     baseline's keywords are bound to its signature (unknown or missing keywords)."""
     if method.neural:
-        _estimator(method, task, settings, seed=seed, checkpoint_dir=None, progress=False)
+        estimator = _estimator(method, task, settings, seed=seed, checkpoint_dir=None, progress=False)
+        _check_epsilon_range(estimator, task)
         return
     signature = inspect.signature(method.load())
     try:
@@ -251,6 +252,18 @@ def check_settings(method: Method, task: Task, settings: dict, seed: int) -> Non
             name for name in list(signature.parameters)[1:] if name not in (method.seed_argument, "progress")
         ]
         raise TypeError(f"{error}; it takes {', '.join(taken)}") from None
+
+
+def _check_epsilon_range(estimator, task: Task) -> None:
+    """A run scores the posterior at ``task.y_obs`` and the task's epsilon: an ``epsilon_range`` must hold it."""
+    from ..mechanisms.epsilon import nominal_epsilon
+
+    bounds = getattr(estimator, "epsilon_range", None)
+    if bounds is not None and not bounds[0] <= nominal_epsilon(task.mechanism) <= bounds[1]:
+        raise ValueError(
+            f"epsilon_range [{bounds[0]:g}, {bounds[1]:g}] does not hold the task's epsilon = "
+            f"{nominal_epsilon(task.mechanism):g}, at which the run evaluates the posterior"
+        )
 
 
 def fit(

@@ -41,8 +41,9 @@ from torch import Tensor
 
 from .. import metrics
 from ..files import BusyError, atomic_save, atomic_write, atomic_write_text, exclusive
-from ..inference import load_posterior
+from ..inference import checkpoint, load_posterior
 from ..tasks import Task
+from ..tasks.identity import differences
 from . import config, methods
 from .outputs import (
     format_table,
@@ -65,7 +66,8 @@ ROWS = "rounds.json"
 COMPLETE = "complete"
 #: The estimator's checkpoint in its ``checkpoint_dir`` (SequentialEstimator), and the runner's copy of it
 #: as of the last round whose row is in ``rounds.json``.
-CHECKPOINT, SCORED_CHECKPOINT = "checkpoint.pt", "scored.pt"
+#: The estimator's checkpoint, and the copy of it taken when a round's row is written (a killed run resumes there).
+CHECKPOINT, SCORED_CHECKPOINT = checkpoint.FILE, "scored.pt"
 
 
 @dataclass
@@ -223,13 +225,8 @@ def _flatten(value: dict, prefix: str = "") -> dict:
 def _config_differences(stored: dict, current: dict) -> list[str]:
     """``"key: stored vs current"`` for every dotted key whose value differs between two resolved configs,
     leaving out :data:`IGNORED_KEYS`; empty when a run of ``stored`` is a run of ``current``."""
-    a, b = _flatten(stored), _flatten(current)
-    absent = "(absent)"
-    return [
-        f"{key}: {a.get(key, absent)!r} vs {b.get(key, absent)!r}"
-        for key in sorted(set(a) | set(b))
-        if key not in IGNORED_KEYS and a.get(key, absent) != b.get(key, absent)
-    ]
+    a, b = ({k: v for k, v in _flatten(c).items() if k not in IGNORED_KEYS} for c in (stored, current))
+    return differences(a, b)
 
 
 def _print_summary(summary: list[dict], reference_note: str, last_line: str) -> None:

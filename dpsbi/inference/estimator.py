@@ -6,12 +6,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
-import json
+import math
 import os
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -20,25 +20,53 @@ from torch import Tensor
 from torch.utils.data import TensorDataset
 from tqdm.auto import tqdm
 
-from ..files import exclusive, load_sealed, save_sealed
+from ..files import exclusive
+from ..mechanisms.epsilon import at_epsilons, epsilon_range_problem, log_uniform, nominal_epsilon
 from ..tasks import Task
-from ..tasks.identity import differences, identity
+from ..tasks.identity import identity
+from . import checkpoint
 from .flows import ConditionalFlow, FlowConfig
+from .losses import with_log_epsilon
 from .parameters import ParameterSpace
 from .posterior import Posterior, _task_spec
 from .seeding import derive_seed
+from .settings import Settings
 from .training import Loss, TrainingSettings, fit_flow
 
-CHECKPOINT_FORMAT = "dpsbi-checkpoint"
-CHECKPOINT_VERSION = 2
-#: Settings that may change between a run and its resumption.
-RESUMABLE = ("rounds",)
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
 
 RoundCallback = Callable[[int, Posterior, int], None]
+#: Draws of the posterior at ``y_obs`` (under a fixed seed) compared between rounds by ``stop_when_stable``.
+STABILITY_DRAWS = 2000
 
-#: The main paper's training (DESIGN.md): Adam at a constant 5e-4, early stopping after 20 epochs without
+
+@dataclass(frozen=True)
+class Budget(Settings):
+    """What a fit may spend, beside its ``rounds``: ``simulations`` in all (never exceeded: the round that would
+    pass it is cut to the simulations left, and a fit with fewer than a round's minimum left stops) and
+    ``seconds`` of wall time over its rounds (simulating, training and the stop rule, summed over the rounds in
+    ``history``, so kept across resumptions). Before each round after the first, a fit that expects the round to end
+    past ``seconds`` (taking as long as the previous round did) stops instead: it does not overshoot by a
+    round; it can overshoot by the misestimate (a round slower than the one before), and its first round always
+    runs. ``None``: no limit."""
+
+    label: ClassVar[str] = "budget"
+    simulations: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.simulations is not None and (isinstance(self.simulations, bool) or int(self.simulations) < 2):
+            raise ValueError(f"budget simulations must be an integer >= 2 or None, got {self.simulations!r}")
+        if self.seconds is not None and not 0 < float(self.seconds) < math.inf:
+            raise ValueError(f"budget seconds must be a finite number > 0 or None, got {self.seconds!r}")
+
+    @property
+    def limited(self) -> bool:
+        return self.simulations is not None or self.seconds is not None
+
+
+#: The main paper's training (docs/DESIGN.md): Adam at constant 5e-4, early stopping after 20 epochs without
 #: improvement of the validation loss, no epoch or step limit (see :meth:`SequentialEstimator.paper`).
 PAPER_TRAINING = {
     "lr": 5e-4,
@@ -87,6 +115,28 @@ class SequentialEstimator(abc.ABC):
     its fields: ``flow`` (:class:`~dpsbi.inference.flows.FlowConfig`: the flow's architecture) and
     ``training`` (:class:`~dpsbi.inference.training.TrainingSettings`: optimizer, early stopping, validation
     split, Lightning device). ``seed`` fixes every random draw; ``progress`` shows bars.
+
+    Amortized by design (``amortized=True``, SPPE and SPLE): every round draws from the prior (no proposal at
+    ``y_obs``, which may be ``None``), the budget is ``rounds x sims_per_round``, and the posterior is valid at
+    any release. ``epsilon_range=(low, high)`` (needs ``amortized=True``): every simulation also draws its own
+    epsilon, log-uniformly in the range (kept with it, a column ``"epsilon"`` of :attr:`data`), its releases are
+    drawn by the task's mechanism re-calibrated there (``with_epsilon``, vectorized over the rows:
+    :func:`~dpsbi.mechanisms.epsilon.at_epsilons`; a family without it is refused), and the flow conditions on
+    ``log epsilon`` too: the posterior takes ``epsilon=`` per release (:class:`~dpsbi.inference.posterior.Posterior`).
+
+    Fits that end when they are done: ``budget`` (a :class:`Budget` or a dict of its fields: ``simulations``,
+    ``seconds``) caps what the fit spends beside ``rounds``; ``stop_when_stable=tol`` ends the fit after a round
+    whose posterior at ``y_obs`` changed by less than ``tol`` from the previous round's. The change is
+    measured on :data:`STABILITY_DRAWS` draws under a fixed seed, in the unconstrained space, as the largest
+    over parameters of ``|mean_r - mean_{r-1}| / sd_{r-1}`` and ``|log(sd_r / sd_{r-1})|``: the shift of each
+    marginal's location in its own standard deviations, and its relative change of spread (a sequential fit
+    mostly shrinks). It is cheap (a flow posterior maps the same base noise through both rounds' flows, so the
+    statistic carries no Monte Carlo noise; SPLE's MCMC draws carry ~0.03-0.05 of it at 2000 draws: keep
+    ``tol`` above that, e.g. 0.1), scale-free, and it moves with the first two moments that dominate the C2ST
+    of near-Gaussian posteriors; a C2ST between successive rounds would need a classifier per round and has a
+    noise floor of its own. Every round's ``history`` entry holds its ``"change"`` (with the rule on) and the
+    last one a ``"stop"`` reason: ``"rounds"``, ``"simulations"``, ``"seconds"`` or ``"stable"``
+    (also :attr:`stop_reason`). The defaults (no budget, no stop rule) are unchanged.
     """
 
     method: ClassVar[str]
@@ -122,6 +172,10 @@ class SequentialEstimator(abc.ABC):
         checkpoint_dir: str | os.PathLike | None = None,
         progress: bool = True,
         on_round_end: RoundCallback | None = None,
+        amortized: bool = False,
+        epsilon_range: tuple[float, float] | None = None,
+        budget: Budget | dict | None = None,
+        stop_when_stable: float | None = None,
         **unknown,
     ) -> None:
         if unknown:
@@ -138,13 +192,22 @@ class SequentialEstimator(abc.ABC):
                 f"validation_fraction={self.settings.validation_fraction} leaves no training data of {sims_per_round} simulations"
             )
         task.validate()
-        if rounds > 1 and task.y_obs is None:
-            raise ValueError(f"sequential rounds propose at task.y_obs, but task {task.name!r} has none")
+        self.amortized = bool(amortized)
+        if rounds > 1 and task.y_obs is None and not self.amortized:
+            raise ValueError(
+                f"sequential rounds propose at task.y_obs, but task {task.name!r} has none; "
+                "amortized=True draws every round from the prior"
+            )
+        self.epsilon_range = self._check_epsilon_range(task, epsilon_range, self.amortized)
+        self.budget = Budget.coerce(budget)
+        self.stop_when_stable = None if stop_when_stable is None else float(stop_when_stable)
+        if self.stop_when_stable is not None:
+            self._check_stop_rule(task)
         self.task, self.space = task, ParameterSpace(task)
         self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
         self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
         self.flow_config, self.seed = FlowConfig.coerce(flow), int(seed)
-        self.checkpoint_path = Path(checkpoint_dir) / "checkpoint.pt" if checkpoint_dir is not None else None
+        self.checkpoint_path = checkpoint.path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress, self.on_round_end = bool(progress), on_round_end
         self.flow: ConditionalFlow | None = None
         self.data: dict[str, Tensor] = {}
@@ -153,15 +216,87 @@ class SequentialEstimator(abc.ABC):
         self.probe: dict[str, Tensor] | None = None
         #: ``(theta, s)`` handed in by :meth:`append_simulations` for the next round.
         self.pending: tuple[Tensor, Tensor] | None = None
+        #: Mean and sd ``(2, dim)`` of the last round's posterior draws at ``y_obs`` (``stop_when_stable``).
+        self._stable_reference: Tensor | None = None
+        if self.budget.simulations is not None and self._round_size() is None:
+            raise ValueError(
+                f"budget simulations={self.budget.simulations} leaves no first round (at least one training and "
+                f"one validation simulation, validation_fraction={self.settings.validation_fraction})"
+            )
+
+    @staticmethod
+    def _check_epsilon_range(task: Task, epsilon_range, amortized: bool) -> tuple[float, float] | None:
+        """``epsilon_range`` as ``(low, high)`` with ``0 < low < high``, or ``None``; refuses (one line) a range
+        without ``amortized=True`` and a mechanism family that cannot be re-calibrated per simulation."""
+        if epsilon_range is None:
+            return None
+        if not amortized:
+            raise ValueError(
+                "epsilon_range needs amortized=True: proposals at y_obs would make the posterior valid at one "
+                "release and one epsilon only"
+            )
+        try:
+            low, high = (float(v) for v in epsilon_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"epsilon_range must be a pair (low, high), got {epsilon_range!r}") from None
+        if not 0 < low < high < math.inf:
+            raise ValueError(f"epsilon_range must satisfy 0 < low < high < inf, got ({low:g}, {high:g})")
+        problem = epsilon_range_problem(task.mechanism)
+        if problem:
+            raise ValueError(
+                f"epsilon_range needs a mechanism re-calibrated at every simulation's epsilon: {problem}"
+            )
+        at_epsilons(task.mechanism, torch.tensor([low, high]))  # the family takes both ends (classic: < 1)
+        return low, high
+
+    def _check_stop_rule(self, task: Task) -> None:
+        """``stop_when_stable`` needs a positive tolerance and a posterior at ``task.y_obs`` (at the task's epsilon)."""
+        if not self.stop_when_stable > 0:
+            raise ValueError(
+                f"stop_when_stable must be a tolerance > 0 (e.g. 0.05), got {self.stop_when_stable}"
+            )
+        if task.y_obs is None:
+            raise ValueError(
+                f"stop_when_stable compares the posterior at task.y_obs between rounds, but task {task.name!r} has none"
+            )
+        if self.epsilon_range is not None:
+            low, high = self.epsilon_range
+            if not low <= nominal_epsilon(task.mechanism) <= high:
+                raise ValueError(
+                    f"stop_when_stable compares the posterior at the task's epsilon = {nominal_epsilon(task.mechanism):g}, "
+                    f"outside epsilon_range ({low:g}, {high:g})"
+                )
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the fit stopped after its last round (``"rounds"``, ``"simulations"``, ``"seconds"``, ``"stable"``),
+        or ``None`` before it has."""
+        return self.history[-1].get("stop") if self.history else None
 
     # ---- what subclasses define ---------------------------------------------------------------------
     @abc.abstractmethod
-    def flow_data(self, z: Tensor, s: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """Example ``(inputs, context)`` of the flow, from which its z-scoring is computed."""
+    def flow_data(
+        self, z: Tensor, s: Tensor, generator: torch.Generator, epsilon: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Example ``(inputs, context)`` of the flow, from which its z-scoring is computed; ``epsilon (n,)``: each
+        simulation's epsilon, with ``epsilon_range``."""
 
     def tensors(self, z: Tensor, s: Tensor) -> tuple[Tensor, ...]:
-        """The training tensors of each simulation (a batch of them is what :meth:`loss` receives)."""
+        """The training tensors of each simulation (a batch of them is what :meth:`loss` receives; with
+        ``epsilon_range`` each simulation's epsilon follows them, as the batch's last tensor)."""
         return z, s
+
+    def releases(self, s: Tensor, generator: torch.Generator, epsilon: Tensor | None = None) -> Tensor:
+        """One release of each summary ``s (n, input_dim)``: the task's mechanism, or with ``epsilon (n,)`` the
+        mechanism re-calibrated at each row's epsilon (one vectorized call)."""
+        if epsilon is None:
+            return self.task.release(s, generator=generator)
+        return at_epsilons(self.task.mechanism, epsilon.unsqueeze(-1)).sample(s, generator=generator)
+
+    @staticmethod
+    def context(x: Tensor, epsilon: Tensor | None) -> Tensor:
+        """``x (n, k)`` with ``log epsilon`` appended as a last column where simulations carry an epsilon."""
+        return with_log_epsilon(x, epsilon)
 
     @abc.abstractmethod
     def loss(self, round_index: int) -> Loss:
@@ -177,7 +312,7 @@ class SequentialEstimator(abc.ABC):
 
     def proposal_draws(self, r: int, posterior: Posterior, n: int, seed: int) -> Tensor:
         """Round ``r``'s ``n`` parameters ``(n, dim_theta)`` after the first round: the posterior at ``task.y_obs``
-        (subclasses may propose otherwise), drawn under ``seed``."""
+        (subclasses may propose otherwise), drawn under ``seed``. Not called when ``amortized``."""
         return posterior.sample((n,), seed=seed)
 
     # ---- the loop -----------------------------------------------------------------------------------
@@ -204,6 +339,8 @@ class SequentialEstimator(abc.ABC):
         start = len(self.history) or self._resume()
         self._drop_pending_if_stored()
         posterior = self.posterior(start - 1) if start else None
+        if start and self.stop_when_stable is not None and self._stable_reference is None:
+            self._stable_reference = self._stability_summary(posterior)
         bar = tqdm(
             total=self.rounds,
             initial=start,
@@ -213,9 +350,63 @@ class SequentialEstimator(abc.ABC):
         )
         with bar:
             for r in range(start, self.rounds):
+                if r and self._stops_before():
+                    break
                 posterior = self._round(r, posterior, bar)
                 bar.update(1)
         return posterior
+
+    def _stops_before(self) -> bool:
+        """Whether the fit stops before its next round under the current settings (a resumed fit may have a larger
+        budget than the one that stopped it): the reason is kept in the last round's ``history`` entry."""
+        reason = self._stop_reason()
+        if reason is None:
+            self.history[-1].pop("stop", None)
+            return False
+        self.history[-1]["stop"] = reason
+        return True
+
+    def _stop_reason(self) -> str | None:
+        """Why no round should follow the last finished one (:class:`SequentialEstimator`'s docstring), or ``None``."""
+        last = self.history[-1]
+        if len(self.history) >= self.rounds:
+            return "rounds"
+        if self.budget.simulations is not None and self.pending is None and self._round_size() is None:
+            return "simulations"
+        if self.budget.seconds is not None:
+            spent = sum(entry["seconds"] for entry in self.history)
+            if spent + last["seconds"] > self.budget.seconds:  # the next round, expected to take as long
+                return "seconds"
+        if self.stop_when_stable is not None and last.get("change") is not None:
+            if last["change"] < self.stop_when_stable:
+                return "stable"
+        return None
+
+    def _round_size(self) -> int | None:
+        """The simulations the next round draws: ``sims_per_round``, cut to what ``budget.simulations`` leaves;
+        ``None`` when that is too few for a round (one training and one validation simulation)."""
+        n = self.sims_per_round
+        if self.budget.simulations is not None:
+            n = min(n, int(self.budget.simulations) - self.num_simulations)
+        if n < 2 or max(1, round(self.settings.validation_fraction * n)) >= n:
+            return None
+        return n
+
+    def _stability_summary(self, posterior: Posterior) -> Tensor:
+        """Mean and sd ``(2, dim)`` (float64, CPU) of :data:`STABILITY_DRAWS` draws of ``posterior`` at ``task.y_obs``
+        under a fixed seed, in the unconstrained space (``stop_when_stable``)."""
+        theta = posterior.sample((STABILITY_DRAWS,), seed=derive_seed(self.seed, "stable"))
+        z = self.space.to_z(theta.to(self.space.device)).double().cpu()
+        return torch.stack([z.mean(0), z.std(0)])
+
+    @staticmethod
+    def stability_change(before: Tensor, after: Tensor) -> float:
+        """The change between two rounds' :meth:`_stability_summary`: the largest over parameters of the mean's
+        shift in the earlier sd and of ``|log|`` of the ratio of sds."""
+        sd = before[1].clamp_min(1e-300)
+        shift = ((after[0] - before[0]).abs() / sd).max()
+        spread = torch.log(after[1].clamp_min(1e-300) / sd).abs().max()
+        return float(torch.maximum(shift, spread))
 
     def _round(self, r: int, posterior: Posterior | None, bar: tqdm) -> Posterior:
         """Simulate and train round ``r`` from the previous round's ``posterior``; returns the new one. A
@@ -246,6 +437,8 @@ class SequentialEstimator(abc.ABC):
                 f"{self.method} round {r}",
                 on_epoch,
             )
+            posterior = self.posterior(r)
+            stability = None if self.stop_when_stable is None else self._stability_summary(posterior)
         except BaseException:
             self.data = {k: v[:rows] for k, v in self.data.items()} if rows else {}
             self.pending = pending
@@ -254,15 +447,20 @@ class SequentialEstimator(abc.ABC):
             else:
                 self.flow.load_state_dict(weights)
             raise
-        posterior = self.posterior(r)
-        self.history.append(
-            {
-                "round": r,
-                "num_simulations": self.num_simulations,
-                "seconds": time.perf_counter() - began,
-                **fit,
-            }
-        )
+        entry = {
+            "round": r,
+            "num_simulations": self.num_simulations,
+            "seconds": time.perf_counter() - began,
+            **fit,
+        }
+        if stability is not None:
+            if self._stable_reference is not None:
+                entry["change"] = self.stability_change(self._stable_reference, stability)
+            self._stable_reference = stability
+        self.history.append(entry)
+        reason = self._stop_reason()
+        if reason is not None:
+            entry["stop"] = reason
         self._save_checkpoint()
         if self.on_round_end is not None:
             self.on_round_end(r, posterior, self.num_simulations)
@@ -296,9 +494,10 @@ class SequentialEstimator(abc.ABC):
 
     def propose(self, n: int, seed: int = 0) -> Tensor:
         """``n`` parameters ``(n, dim_theta)`` from the next round's proposal (prior, or the posterior at
-        ``task.y_obs`` after a finished round), to simulate elsewhere and hand to :meth:`append_simulations`."""
+        ``task.y_obs`` after a finished round; always the prior when ``amortized``), to simulate elsewhere and hand
+        to :meth:`append_simulations`."""
         finished = self._resume() if not self.history else len(self.history)
-        if not finished:
+        if not finished or self.amortized:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 return self.task.prior.sample((n,))
@@ -309,6 +508,14 @@ class SequentialEstimator(abc.ABC):
         with their validation rows, added to the stored simulations."""
         if self.pending is not None:
             (theta, s), self.pending = self.pending, None
+            if (
+                self.budget.simulations is not None
+                and self.num_simulations + theta.shape[0] > self.budget.simulations
+            ):
+                raise ValueError(
+                    f"the {theta.shape[0]} appended simulations would bring the fit to "
+                    f"{self.num_simulations + theta.shape[0]}, past budget simulations={self.budget.simulations}"
+                )
             generator = torch.Generator(device=theta.device).manual_seed(
                 derive_seed(self.seed, r, "validation")
             )
@@ -327,16 +534,23 @@ class SequentialEstimator(abc.ABC):
             "round": torch.full((n,), r, device=theta.device),
             "validation": validation,
         }
+        if self.epsilon_range is not None:  # each simulation's own epsilon, whatever made the simulation
+            epsilon_generator = torch.Generator(device=theta.device).manual_seed(
+                derive_seed(self.seed, r, "epsilon")
+            )
+            new["epsilon"] = log_uniform(*self.epsilon_range, n, epsilon_generator, theta.device)
         self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
 
     def _draw_and_simulate(
         self, r: int, posterior: Posterior | None
     ) -> tuple[Tensor, Tensor, torch.Generator]:
-        """``sims_per_round`` parameters from the prior (no ``posterior`` yet) or the posterior at ``y_obs``, their
-        simulated summaries, and the simulation's generator (it goes on to pick the validation rows), all
-        seeded by ``(seed, r)``."""
-        n = self.sims_per_round
-        if posterior is None:
+        """``sims_per_round`` parameters (fewer where the simulation budget cuts the round) from the prior (no
+        ``posterior`` yet, or ``amortized``) or the posterior at ``y_obs``, their simulated summaries, and the
+        simulation's generator (it goes on to pick the validation rows), all seeded by ``(seed, r)``."""
+        n = (
+            self._round_size() or self.sims_per_round
+        )  # _run stops before a round the budget leaves no room for
+        if posterior is None or self.amortized:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(derive_seed(self.seed, r, "prior"))
                 theta = self.task.prior.sample((n,))
@@ -358,12 +572,17 @@ class SequentialEstimator(abc.ABC):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, "flow"))
             generator = torch.Generator(device=self.space.device).manual_seed(derive_seed(self.seed, "flow"))
-            inputs, context = self.flow_data(self.space.to_z(self.data["theta"]), self.data["s"], generator)
+            inputs, context = self.flow_data(
+                self.space.to_z(self.data["theta"]), self.data["s"], generator, self.data.get("epsilon")
+            )
             return ConditionalFlow(self.flow_config, inputs, context)
 
     def _dataset(self, validation: bool) -> TensorDataset:
         rows = self.data["validation"] == validation
-        return TensorDataset(*self.tensors(self.space.to_z(self.data["theta"][rows]), self.data["s"][rows]))
+        tensors = self.tensors(self.space.to_z(self.data["theta"][rows]), self.data["s"][rows])
+        if self.epsilon_range is not None:
+            tensors = (*tensors, self.data["epsilon"][rows])
+        return TensorDataset(*tensors)
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def fingerprint(self) -> dict:
@@ -381,6 +600,12 @@ class SequentialEstimator(abc.ABC):
             "flow": self.flow_config.to_dict(),
             "training": self.settings.to_dict(),
             "seed": self.seed,
+            **(
+                {"amortized": True} if self.amortized else {}
+            ),  # keys absent by default: older checkpoints resume
+            **({"epsilon_range": list(self.epsilon_range)} if self.epsilon_range is not None else {}),
+            **({"budget": self.budget.to_dict()} if self.budget.limited else {}),
+            **({"stop_when_stable": self.stop_when_stable} if self.stop_when_stable is not None else {}),
             **self.options(),
         }
 
@@ -392,7 +617,6 @@ class SequentialEstimator(abc.ABC):
     def _save_checkpoint(self) -> None:
         if self.checkpoint_path is None:
             return
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
         if self.probe is None:  # empty for a task without a simulator (all simulations appended)
             theta = self.data["theta"][:PROBE_ROWS]
             self.probe = (
@@ -400,17 +624,9 @@ class SequentialEstimator(abc.ABC):
                 if self.task.simulator is not None
                 else {}
             )
-        payload = {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "fingerprint": json.dumps(self.fingerprint()),
-            "history": json.dumps(self.history),
-            "flow_shape": [self.flow.dim, self.flow.context_dim],
-            "flow": {k: v.detach().cpu() for k, v in self.flow.state_dict().items()},
-            "data": {k: v.cpu() for k, v in self.data.items()},
-            "probe": self.probe,
-        }
-        save_sealed(payload, self.checkpoint_path)
+        checkpoint.write(
+            self.checkpoint_path, self.fingerprint(), self.history, self.flow, self.data, self.probe
+        )
 
     def _resume(self) -> int:
         """Load the checkpoint if there is one; returns the number of finished rounds. Refuses (``ValueError``
@@ -419,20 +635,13 @@ class SequentialEstimator(abc.ABC):
         path = self.checkpoint_path
         if path is None or not path.exists():
             return 0
-        payload = load_sealed(path, "dpsbi checkpoint", map_location=self.space.device)
-        if payload.get("format") != CHECKPOINT_FORMAT or payload.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"{path} is not a dpsbi checkpoint of version {CHECKPOINT_VERSION}")
-        stored = json.loads(payload["fingerprint"])
-        current = self.fingerprint()
-        differ = differences(
-            {k: v for k, v in stored.items() if k not in RESUMABLE},
-            {k: v for k, v in current.items() if k not in RESUMABLE},
-        )
+        payload = checkpoint.read(path, self.space.device)
+        differ = checkpoint.mismatch(payload["fingerprint"], self.fingerprint())
         if differ:
             raise ValueError(
                 f"{path} belongs to a different run ({'; '.join(differ)}); use another checkpoint_dir or the same settings"
             )
-        history = json.loads(payload["history"])
+        history = payload["history"]
         if len(history) > self.rounds:
             raise ValueError(
                 f"{path} holds {len(history)} finished rounds, more than rounds={self.rounds}; "

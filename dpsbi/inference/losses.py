@@ -7,6 +7,13 @@ or plain uniforms (MC, ``qmc=False``); ``M = 1`` with MC is the naive single-rel
 ``flow`` is any conditional density with ``log_prob(x, context)`` broadcasting over batch shapes, e.g.
 :class:`~dpsbi.inference.flows.ConditionalFlow`. Parameters are in the flow's space (the task's
 unconstrained space, ``z = task.transform.inv(theta)``; the identity for most tasks).
+
+Epsilon-conditioned training (``epsilon (N,)``, one privacy level per pair): pair ``i``'s releases are drawn
+by the mechanism re-calibrated at ``epsilon_i`` (one vectorized call,
+:func:`~dpsbi.mechanisms.epsilon.at_epsilons`) and ``log epsilon_i`` joins the flow's context: the posterior
+flow's after the release, ``q(theta | y, log epsilon)``, the likelihood flow's after the parameters,
+``q(y | theta, log epsilon)``. In the atomic loss each pair's contrasting atoms are scored at that pair's
+release and epsilon (the context is the pair's), so the contrastive set shares the row's epsilon.
 """
 
 from __future__ import annotations
@@ -15,7 +22,17 @@ import torch
 from torch import Tensor
 
 from ..mechanisms import Mechanism
+from ..mechanisms.epsilon import at_epsilons
 from ..qmc import uniforms
+
+
+def with_log_epsilon(x: Tensor, epsilon: Tensor | None) -> Tensor:
+    """``x (N, ..., k)`` with ``log epsilon_i`` appended as a last coordinate of every entry of row ``i``, for
+    ``epsilon (N,)``: ``(N, ..., k + 1)``; ``x`` itself when ``epsilon`` is ``None``."""
+    if epsilon is None:
+        return x
+    log_eps = torch.log(epsilon).to(x).reshape((-1,) + (1,) * (x.ndim - 1))
+    return torch.cat([x, log_eps.expand(x.shape[:-1] + (1,))], -1)
 
 
 def dequantized(y: Tensor, mechanism: Mechanism, v: Tensor) -> Tensor:
@@ -34,11 +51,15 @@ def inner_releases(
     qmc: bool = True,
     generator: torch.Generator | None = None,
     dequantize: bool = False,
+    epsilon: Tensor | None = None,
 ) -> Tensor:
     """Releases ``y_ij = G(s_i, u_ij)`` of shape ``(N, M, dim_s)`` for confidential summaries ``s (N, dim_s)``.
 
     ``dequantize``: lattice releases spread over their cells (:func:`dequantized`), the cell offset taken from
-    extra coordinates of the same RQMC point as the mechanism noise, so that one point set integrates both."""
+    extra coordinates of the same RQMC point as the mechanism noise, so that one point set integrates both.
+    ``epsilon (N,)``: row ``i``'s releases by the mechanism re-calibrated at ``epsilon_i``."""
+    if epsilon is not None:
+        mechanism = at_epsilons(mechanism, epsilon.reshape(-1, 1, 1))
     extra = mechanism.dim if dequantize else 0
     u = uniforms(
         s.shape[0],
@@ -105,11 +126,13 @@ def sppe_loss(
     atoms: int = 1,
     log_prior: Tensor | None = None,
     reduction: str = "mean",
+    epsilon: Tensor | None = None,
 ) -> Tensor:
     """SPPE loss of a posterior flow ``q(theta | y)`` on pairs ``theta (N, d)``, ``s (N, dim_s)``:
-    :func:`posterior_loss` on ``M = inner_samples`` fresh releases of each ``s_i``."""
-    y = inner_releases(s, mechanism, inner_samples, qmc, generator)
-    return posterior_loss(flow, theta, y, atoms, log_prior, generator, reduction)
+    :func:`posterior_loss` on ``M = inner_samples`` fresh releases of each ``s_i``. ``epsilon (N,)``: each
+    pair's privacy level, for a flow ``q(theta | y, log epsilon)`` (module docstring)."""
+    y = inner_releases(s, mechanism, inner_samples, qmc, generator, epsilon=epsilon)
+    return posterior_loss(flow, theta, with_log_epsilon(y, epsilon), atoms, log_prior, generator, reduction)
 
 
 def sple_loss(
@@ -122,15 +145,17 @@ def sple_loss(
     generator: torch.Generator | None = None,
     reduction: str = "mean",
     dequantize: bool = False,
+    epsilon: Tensor | None = None,
 ) -> Tensor:
     """SPLE loss of a likelihood flow ``q(y | theta)``: ``-mean_ij log q(y_ij | theta_i)`` over
     ``M = inner_samples`` fresh releases ``y_ij`` of each ``s_i``; ``theta (N, d)``, ``s (N, dim_s)``.
     ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean. ``dequantize`` (lattice
     mechanisms): ``q`` models ``y + h v`` instead (:func:`inner_releases`), a proper density whose mass on a
     release's cell estimates the release's probability; without it, maximum likelihood can pile density on
-    the lattice points without bound."""
-    y = inner_releases(s, mechanism, inner_samples, qmc, generator, dequantize)
-    return _reduce(-flow.log_prob(y, theta.unsqueeze(-2)), reduction)
+    the lattice points without bound. ``epsilon (N,)``: each pair's privacy level, for a flow
+    ``q(y | theta, log epsilon)`` (module docstring)."""
+    y = inner_releases(s, mechanism, inner_samples, qmc, generator, dequantize, epsilon)
+    return _reduce(-flow.log_prob(y, with_log_epsilon(theta, epsilon).unsqueeze(-2)), reduction)
 
 
 def _reduce(terms: Tensor, reduction: str) -> Tensor:

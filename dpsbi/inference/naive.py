@@ -19,12 +19,18 @@ class NaiveNPE(SequentialEstimator):
     NaiveNPE trains one round on ``rounds * sims_per_round`` prior draws (the defaults, 10 x 1000, match
     SPPE's), so that one budget gives every neural method the same number of simulations. Takes
     the keyword arguments of :class:`~dpsbi.inference.estimator.SequentialEstimator` (``flow``,
-    ``training``, ``seed``, ...); it uses one release per summary (``inner_samples=1``, no RQMC)."""
+    ``training``, ``seed``, ``budget``, ...); it uses one release per summary (``inner_samples=1``, no RQMC). Its
+    posterior is amortized whatever ``amortized`` says (one round from the prior); a simulation ``budget`` cuts
+    that round, a budget in seconds and ``stop_when_stable`` have no later round to stop."""
 
     method = "NaiveNPE"
     paper_settings = {"rounds": 10, "sims_per_round": 1000}
 
     def __init__(self, task: Task, rounds: int = 10, sims_per_round: int = 1000, **kwargs) -> None:
+        if kwargs.get("epsilon_range") is not None:
+            raise ValueError(
+                "NaiveNPE ignores the mechanism, so its posterior does not depend on epsilon: it takes no epsilon_range"
+            )
         if task.mechanism.input_dim != task.dim_s:
             raise ValueError(
                 f"NaiveNPE conditions on the confidential summary in place of the release, but task {task.name!r} "
@@ -34,7 +40,7 @@ class NaiveNPE(SequentialEstimator):
             raise ValueError(f"need rounds >= 1 and sims_per_round >= 2, got {rounds}, {sims_per_round}")
         super().__init__(task, 1, int(rounds) * int(sims_per_round), 1, False, **kwargs)
 
-    def flow_data(self, z, s, generator):
+    def flow_data(self, z, s, generator, epsilon=None):
         return z, s
 
     def loss(self, round_index: int) -> Loss:

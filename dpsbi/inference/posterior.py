@@ -3,7 +3,8 @@
 A posterior file (format version 2) is a sealed ``torch.save`` dict (:func:`dpsbi.files.save_sealed`: its
 content carries a SHA-256 checksum) holding the flow's ``state_dict`` and JSON metadata, among which the
 identity of the task's model (:func:`dpsbi.tasks.identity.identity`) and the release set by
-``set_default_x``, if any (an optional key: files without it load as before). Loading refuses, with a ``ValueError``
+``set_default_x``, if any (an optional key: files without it load as before), and for a posterior trained over
+a range of epsilons that range (``options.epsilon_range``; absent otherwise). Loading refuses, with a ``ValueError``
 naming the file, anything damaged, of another format version, with non-finite weights, or made for another
 model than the task it is loaded with.
 """
@@ -24,11 +25,12 @@ from torch import Tensor
 
 from .. import tasks
 from ..files import CorruptFileError, load_sealed, save_sealed
+from ..mechanisms.epsilon import epsilons, nominal_epsilon
 from ..qmc import cell_points
 from ..tasks import Task
 from ..tasks.identity import differences, identity
 from .flows import ConditionalFlow, FlowConfig
-from .losses import dequantized
+from .losses import dequantized, with_log_epsilon
 from .mcmc import MCMCConfig, resample_init, slice_sample
 from .parameters import ParameterSpace
 from .seeding import draw_seed, make_generator
@@ -50,6 +52,12 @@ class Posterior(abc.ABC):
     ``map`` finds the mode. ``y`` defaults to the release set by :meth:`set_default_x`, else ``task.y_obs``;
     every release is validated with ``task.check_release``. Results live on the flow's device.
 
+    ``epsilon``: the privacy level of the release(s), for a posterior trained over a range of epsilons
+    (``epsilon_range``, see :class:`~dpsbi.inference.estimator.SequentialEstimator`): a number, or one per
+    release (a tensor ``(B,)``) in the batched methods. Left out, it is the task's own epsilon (its mechanism's,
+    the target epsilon of a ``BinomialCurve``) when that lies in the range, else it must be given; an epsilon
+    outside the range is refused (``ValueError``). A posterior trained at one epsilon takes only that one.
+
     sbi's keywords are accepted too, so that sbi's ``run_sbc``, ``run_tarp``, ``get_nltp`` and plots take a
     dpsbi posterior unchanged: ``x`` is ``y`` under sbi's name (both, with different values, is a
     ``TypeError``); ``show_progress_bars`` shows or hides the slice sampler's bars of a
@@ -61,10 +69,14 @@ class Posterior(abc.ABC):
 
     kind: ClassVar[str]
 
-    def __init__(self, task: Task, flow: ConditionalFlow, method: str) -> None:
+    def __init__(
+        self, task: Task, flow: ConditionalFlow, method: str, epsilon_range: tuple[float, float] | None = None
+    ) -> None:
         self.task, self.flow, self.method = task, flow.eval(), method
         self.space = ParameterSpace(task)
         self._default_x: Tensor | None = None
+        #: ``(low, high)``: the flow also conditions on ``log epsilon``, trained for epsilons in that range.
+        self.epsilon_range = None if epsilon_range is None else tuple(float(v) for v in epsilon_range)
 
     @property
     def device(self) -> torch.device:
@@ -94,15 +106,16 @@ class Posterior(abc.ABC):
         generator: torch.Generator | None = None,
         seed: int | None = None,
         *,
+        epsilon: float | None = None,
         x: Tensor | None = None,
         show_progress_bars: bool | None = None,
         max_sampling_batch_size: int | None = None,
         reject_outside_prior: bool = True,
     ) -> Tensor:
-        """Draws ``sample_shape + (dim_theta,)`` at release ``y`` (``(dim_s,)`` or ``(1, dim_s)``); ``seed`` or
-        ``generator`` fix them. Raises ``RuntimeError`` rather than return a NaN/inf draw. ``x`` and the other
-        keywords: sbi's (class docstring)."""
-        y = self._releases(_release_or_x(y, x, "sample"), single=True)
+        """Draws ``sample_shape + (dim_theta,)`` at release ``y`` (``(dim_s,)`` or ``(1, dim_s)``) and ``epsilon``
+        (class docstring); ``seed`` or ``generator`` fix them. Raises ``RuntimeError`` rather than return a
+        NaN/inf draw. ``x`` and the other keywords: sbi's (class docstring)."""
+        y = self._conditions(_release_or_x(y, x, "sample"), epsilon, single=True)
         with self._progress_bars(show_progress_bars):
             return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))[..., 0, :]
 
@@ -114,18 +127,20 @@ class Posterior(abc.ABC):
         generator: torch.Generator | None = None,
         seed: int | None = None,
         *,
+        epsilon: float | Tensor | None = None,
         x: Tensor | None = None,
         show_progress_bars: bool | None = None,
         max_sampling_batch_size: int | None = None,
         reject_outside_prior: bool = True,
     ) -> Tensor:
         """Draws ``sample_shape + (B, dim_theta)`` at each of the releases ``y (B, dim_s)`` (required, as ``y`` or
-        sbi's ``x``), independent across releases (sbi's ``sample_batched``); ``seed`` or ``generator`` fix
-        them. With one release the draws are those of :meth:`sample` under the same seed. A
+        sbi's ``x``), independent across releases (sbi's ``sample_batched``); ``epsilon``: one for all releases
+        or one per release, ``(B,)`` (class docstring); ``seed`` or ``generator`` fix them. With one release the
+        draws are those of :meth:`sample` under the same seed. A
         :class:`FlowPosterior` maps all of them in one vectorized flow pass (in chunks of :data:`CHUNK_ROWS`
         flow rows); a :class:`LikelihoodPosterior` runs one MCMC per release (a loop). sbi's keywords: class
         docstring."""
-        y = self._releases(_release_or_x(y, x, "sample_batched", required=True), single=False)
+        y = self._conditions(_release_or_x(y, x, "sample_batched", required=True), epsilon, single=False)
         with self._progress_bars(show_progress_bars):
             return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))
 
@@ -135,12 +150,14 @@ class Posterior(abc.ABC):
         theta: Tensor,
         y: Tensor | None = None,
         *,
+        epsilon: float | None = None,
         x: Tensor | None = None,
         track_gradients: bool = False,
     ) -> Tensor:
-        """Log density ``theta.shape[:-1]`` of ``theta (..., dim_theta)`` at release ``y`` (or sbi's ``x``);
-        ``-inf`` outside the prior's support. ``track_gradients``: differentiable in ``theta``."""
-        y = self._releases(_release_or_x(y, x, "log_prob"), single=True)
+        """Log density ``theta.shape[:-1]`` of ``theta (..., dim_theta)`` at release ``y`` (or sbi's ``x``) and
+        ``epsilon`` (class docstring); ``-inf`` outside the prior's support. ``track_gradients``: differentiable
+        in ``theta``."""
+        y = self._conditions(_release_or_x(y, x, "log_prob"), epsilon, single=True)
         with torch.set_grad_enabled(track_gradients):
             return self._log_prob(theta, y)
 
@@ -149,6 +166,7 @@ class Posterior(abc.ABC):
         theta: Tensor,
         y: Tensor | None = None,
         *,
+        epsilon: float | None = None,
         x: Tensor | None = None,
         track_gradients: bool = False,
     ) -> Tensor:
@@ -156,7 +174,9 @@ class Posterior(abc.ABC):
         itself (normalized for a :class:`FlowPosterior`), shape ``theta.shape[:-1]``. It exists because sbi's
         ``get_nltp`` calls ``posterior.potential(theta, x=x)`` on any posterior but sbi's own
         ``DirectPosterior``."""
-        return self.log_prob(theta, _release_or_x(y, x, "potential"), track_gradients=track_gradients)
+        return self.log_prob(
+            theta, _release_or_x(y, x, "potential"), epsilon=epsilon, track_gradients=track_gradients
+        )
 
     @torch.no_grad()
     def log_prob_batched(
@@ -164,13 +184,14 @@ class Posterior(abc.ABC):
         theta: Tensor,
         y: Tensor | None = None,
         *,
+        epsilon: float | Tensor | None = None,
         x: Tensor | None = None,
         track_gradients: bool = False,
     ) -> Tensor:
         """Log densities ``(..., B)`` of ``theta (..., B, dim_theta)``, column ``b`` at release ``y[b]`` of
-        ``y (B, dim_s)`` (required, as ``y`` or sbi's ``x``; sbi's ``log_prob_batched``); ``-inf`` outside the
-        prior's support. ``track_gradients``: differentiable in ``theta``."""
-        y = self._releases(_release_or_x(y, x, "log_prob_batched", required=True), single=False)
+        ``y (B, dim_s)`` (required, as ``y`` or sbi's ``x``; sbi's ``log_prob_batched``) and ``epsilon`` (one, or
+        one per release); ``-inf`` outside the prior's support. ``track_gradients``: differentiable in ``theta``."""
+        y = self._conditions(_release_or_x(y, x, "log_prob_batched", required=True), epsilon, single=False)
         theta = torch.as_tensor(theta)
         if theta.ndim < 2 or theta.shape[-2] != y.shape[0]:
             raise ValueError(
@@ -189,10 +210,11 @@ class Posterior(abc.ABC):
         lr: float = 0.05,
         seed: int | None = None,
         *,
+        epsilon: float | None = None,
         x: Tensor | None = None,
         show_progress_bars: bool | None = None,
     ) -> Tensor:
-        """The posterior's mode ``(dim_theta,)`` at release ``y`` (or sbi's ``x``), as sbi finds it: the
+        """The posterior's mode ``(dim_theta,)`` at release ``y`` (or sbi's ``x``) and ``epsilon``, as sbi finds it: the
         ``num_to_optimize`` best of ``num_init`` posterior draws, each moved by ``steps`` Adam steps of rate
         ``lr`` up the log density (of ``theta``, in the prior's space) in the unconstrained space; the best
         point seen is returned. ``seed`` fixes the draws; ``show_progress_bars``: those of the draws (class
@@ -202,7 +224,7 @@ class Posterior(abc.ABC):
             raise ValueError(
                 f"map needs num_init, num_to_optimize >= 1, steps >= 0 and lr > 0, got {num_init}, {num_to_optimize}, {steps}, {lr}"
             )
-        y = self._releases(_release_or_x(y, x, "map"), single=True)
+        y = self._conditions(_release_or_x(y, x, "map"), epsilon, single=True)
         with self._progress_bars(show_progress_bars):
             theta = self._draw(torch.Size((num_init,)), y, self._noise_generator(None, seed))[:, 0]
         z = self.space.to_z(theta[self._log_prob(theta, y).topk(min(num_to_optimize, num_init)).indices])
@@ -267,7 +289,7 @@ class Posterior(abc.ABC):
             )
         return theta
 
-    def _releases(self, y: Tensor | None, single: bool) -> Tensor:
+    def _releases(self, y: Tensor | None, single: bool, stacklevel: int = 4) -> Tensor:
         """``y`` (default: :attr:`default_x`) as checked releases ``(B, dim_s)`` on the flow's device; ``single``
         demands exactly one. Warns where the posterior is not valid at a given release (:meth:`_caveat`)."""
         if y is None:
@@ -283,12 +305,56 @@ class Posterior(abc.ABC):
             raise ValueError(f"give at least one release of shape (B, {self.task.dim_s}), got none")
         caveat = self._caveat(y)
         if caveat:
-            warnings.warn(caveat, stacklevel=4)
+            warnings.warn(caveat, stacklevel=stacklevel)
         return y.to(self.device, torch.get_default_dtype())
 
     def _caveat(self, y: Tensor) -> str | None:
         """Why this posterior may not be valid at the checked releases ``y``, or ``None``."""
         return None
+
+    def _conditions(self, y: Tensor | None, epsilon, single: bool) -> Tensor:
+        """What the flow conditions on: the checked releases ``(B, dim_s)`` (:meth:`_releases`), for a posterior
+        trained over an epsilon range with each one's ``log epsilon`` appended, ``(B, dim_s + 1)``."""
+        y = self._releases(y, single, stacklevel=5)  # a caveat points at the caller of the public method
+        return with_log_epsilon(y, self._epsilons(epsilon, y.shape[0]))
+
+    def _epsilons(self, epsilon, batch: int) -> Tensor | None:
+        """The checked epsilons ``(batch,)`` of ``batch`` releases (class docstring), or ``None`` for a posterior
+        trained at one epsilon (where only that one is accepted)."""
+        own = nominal_epsilon(self.task.mechanism)
+        if epsilon is not None:
+            epsilon = epsilons(epsilon).double().flatten()
+        if self.epsilon_range is None:
+            if epsilon is not None and not torch.allclose(epsilon, torch.tensor(own).double(), rtol=1e-6):
+                raise ValueError(
+                    f"this {self.method} posterior was trained at the task's epsilon = {own:g} only, not at epsilon="
+                    f"{float(epsilon[~torch.isclose(epsilon, torch.tensor(own).double(), rtol=1e-6)][0]):g}; "
+                    "train with amortized=True, epsilon_range=(low, high) for others"
+                )
+            return None
+        low, high = self.epsilon_range
+        if epsilon is None:
+            if not low * (1 - 1e-9) <= own <= high * (1 + 1e-9):
+                raise ValueError(
+                    f"this {self.method} posterior was trained over epsilon in [{low:g}, {high:g}], which does not "
+                    f"hold the task's epsilon = {own:g}: pass epsilon="
+                )
+            epsilon = torch.tensor([own], dtype=torch.float64)
+        if epsilon.numel() == 1:
+            epsilon = epsilon.expand(batch)
+        elif epsilon.numel() != batch:
+            raise ValueError(f"give one epsilon, or one per release ({batch}), got {epsilon.numel()}")
+        outside = (epsilon < low * (1 - 1e-9)) | (epsilon > high * (1 + 1e-9))
+        if outside.any():
+            raise ValueError(
+                f"epsilon={float(epsilon[outside][0]):g} lies outside the range [{low:g}, {high:g}] this "
+                f"{self.method} posterior was trained over; refusing it"
+            )
+        return epsilon.to(self.device, torch.get_default_dtype())
+
+    def _epsilon_options(self) -> dict:
+        """The epsilon range for :meth:`options` (absent for a posterior trained at one epsilon: older files)."""
+        return {} if self.epsilon_range is None else {"epsilon_range": list(self.epsilon_range)}
 
     def _check_theta(self, theta: Tensor) -> tuple[Tensor, Tensor]:
         """``theta`` as a float tensor on the flow's device and a mask of rows inside the prior's support."""
@@ -366,12 +432,19 @@ class FlowPosterior(Posterior):
 
     kind = "flow"
 
-    def __init__(self, task: Task, flow: ConditionalFlow, method: str, amortized: bool) -> None:
-        super().__init__(task, flow, method)
+    def __init__(
+        self,
+        task: Task,
+        flow: ConditionalFlow,
+        method: str,
+        amortized: bool,
+        epsilon_range: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__(task, flow, method, epsilon_range)
         self.amortized = bool(amortized)
 
     def options(self) -> dict:
-        return {"amortized": self.amortized}
+        return {"amortized": self.amortized, **self._epsilon_options()}
 
     def _caveat(self, y: Tensor) -> str | None:
         if self.amortized or (
@@ -417,8 +490,9 @@ class LikelihoodPosterior(Posterior):
         progress: bool = False,
         dequantized: bool = False,
         cell_points: int = 8,
+        epsilon_range: tuple[float, float] | None = None,
     ) -> None:
-        super().__init__(task, flow, method)
+        super().__init__(task, flow, method, epsilon_range)
         self.mcmc = MCMCConfig.coerce(mcmc)
         self.progress = progress
         self.dequantized, self.cell_points = bool(dequantized), int(cell_points)
@@ -428,11 +502,24 @@ class LikelihoodPosterior(Posterior):
             )
 
     def options(self) -> dict:
-        return {"mcmc": self.mcmc.to_dict(), "dequantized": self.dequantized, "cell_points": self.cell_points}
+        return {
+            "mcmc": self.mcmc.to_dict(),
+            "dequantized": self.dequantized,
+            "cell_points": self.cell_points,
+            **self._epsilon_options(),
+        }
 
     def log_likelihood_z(self, y: Tensor, z: Tensor) -> Tensor:
         """``log q(y | z)`` for releases ``y (..., dim_s)`` broadcasting with ``z (..., dim)``; with a dequantized
-        flow, the log of its mass on ``y``'s lattice cell."""
+        flow, the log of its mass on ``y``'s lattice cell. For a likelihood trained over an epsilon range, ``y``
+        holds each release's ``log epsilon`` as a last coordinate (:meth:`_conditions`), which joins ``z`` in the
+        flow's context."""
+        if self.epsilon_range is not None:
+            dim = self.task.dim_s
+            shape = torch.broadcast_shapes(y.shape[:-1], z.shape[:-1])
+            y = y.expand(shape + y.shape[-1:])
+            z = torch.cat([z.expand(shape + z.shape[-1:]), y[..., dim:].to(z)], -1)
+            y = y[..., :dim]
         if not self.dequantized:
             return self.flow.log_prob(y, z)
         lattice, dim = self.task.mechanism.lattice, y.shape[-1]
@@ -457,15 +544,17 @@ class LikelihoodPosterior(Posterior):
         y: Tensor | None = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        *,
+        epsilon: float | None = None,
     ) -> Tensor:
-        """The MCMC chains behind :meth:`sample` at release ``y``: ``(num_chains, ceil(num_samples / num_chains),
+        """The MCMC chains behind :meth:`sample` at release ``y`` (and ``epsilon``, as in :meth:`sample`): ``(num_chains, ceil(num_samples / num_chains),
         dim_theta)``. Under the same ``seed`` (or generator state), their draws taken step by step across the
         chains (``chains.transpose(0, 1).reshape(-1, dim_theta)``) and cut to ``num_samples`` rows are
         ``sample((num_samples,))``'s; a longer run continues the same chains (a shorter run's draws are the
         first of each chain). Raises ``RuntimeError`` rather than return a NaN/inf draw."""
         if int(num_samples) < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        y = self._releases(y, single=True)
+        y = self._conditions(y, epsilon, single=True)
         info: dict = {}
         self._slice_sample(int(num_samples), y, self._noise_generator(generator, seed), info)
         return self._finite(self.space.to_theta(info["draws"])).transpose(0, 1)  # draws: (S, C, dim)

@@ -24,6 +24,11 @@ class SPLE(SequentialEstimator):
     likelihood of ``y_obs`` is the flow's mass on its cell (``cell_points`` quadrature points). See
     :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
+    ``amortized=True``: every round draws from the prior, so the likelihood is learnt over the whole prior and
+    the posterior is valid at any release (it is at releases near ``y_obs`` already after sequential rounds);
+    with ``epsilon_range=(low, high)`` the flow is ``q(y | theta, log epsilon)`` and the posterior takes any
+    epsilon in the range.
+
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 6
     rounds of 1000 simulations, M = 8 RQMC releases per simulation (on SIR's lattice release M = 1 plain MC
     stalled at C2ST 0.58), 500 gradient steps a round with a cosine learning rate from 1e-3. :meth:`paper`
@@ -59,22 +64,32 @@ class SPLE(SequentialEstimator):
             **dequantization,
         }  # a continuous mechanism's: as before dequantization
 
-    def flow_data(self, z, s, generator):
-        y = self.task.release(s, generator=generator)
+    def flow_data(self, z, s, generator, epsilon=None):
+        y = self.releases(s, generator, epsilon)
         if self.dequantize:
             y = dequantized(
                 y,
                 self.task.mechanism,
                 torch.rand(y.shape, generator=generator, device=y.device, dtype=y.dtype),
             )
-        return y, z
+        return y, self.context(z, epsilon)
 
     def loss(self, round_index: int) -> Loss:
         mechanism, m, qmc, dequantize = self.task.mechanism, self.inner_samples, self.qmc, self.dequantize
 
         def loss(flow, batch, generator):
-            z, s = batch
-            return sple_loss(flow, z, s, mechanism, m, qmc, generator, dequantize=dequantize)
+            z, s, *epsilon = batch  # epsilon: with epsilon_range
+            return sple_loss(
+                flow,
+                z,
+                s,
+                mechanism,
+                m,
+                qmc,
+                generator,
+                dequantize=dequantize,
+                epsilon=epsilon[0] if epsilon else None,
+            )
 
         return loss
 
@@ -82,5 +97,12 @@ class SPLE(SequentialEstimator):
         flow = self._posterior_flow()
         # no sampler bars (a fit shows one bar over its rounds); a call can ask: sample(..., show_progress_bars=True)
         return LikelihoodPosterior(
-            self.task, flow, self.method, self.mcmc, False, self.dequantize, self.cell_points
+            self.task,
+            flow,
+            self.method,
+            self.mcmc,
+            False,
+            self.dequantize,
+            self.cell_points,
+            epsilon_range=self.epsilon_range,
         )

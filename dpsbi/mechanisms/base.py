@@ -103,15 +103,24 @@ class Mechanism(abc.ABC):
         0 on top of a density)."""
         return None
 
+    def check_input(self, s: Tensor) -> None:
+        """Raise ``ValueError`` naming the problem if the confidential statistics ``s (..., input_dim)`` are not
+        ones this mechanism takes (integer statistics for the discrete ones). Called where statistics enter
+        (``Task.check_summary``, :meth:`sample` with fresh noise), not in the training loss: it waits for the
+        device."""
+        return None
+
     def sample(self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
         """Releases for confidential statistics ``s`` of shape ``(..., input_dim)``.
 
         With ``u`` (shape ``(..., noise_dim)``, values in [0, 1)) the map is deterministic, which is
-        what RQMC uses; without it, fresh uniforms come from ``generator``.
+        what RQMC uses (on statistics already checked); without it, ``s`` is checked
+        (:meth:`check_input`) and fresh uniforms come from ``generator``.
         """
         self._check_last_dim("s", s, self.input_dim)
         s = as_float(s)
         if u is None:
+            self.check_input(s)
             u = torch.rand(
                 s.shape[:-1] + (self.noise_dim,), generator=generator, device=s.device, dtype=s.dtype
             )

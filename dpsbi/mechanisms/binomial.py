@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .base import Mechanism, as_float, check_positive
+from .epsilon import batched_copy, epsilons
 
 #: Tail mass left out of the quantile window, far below float64 resolution.
 _TAIL = 1e-18
@@ -108,6 +109,20 @@ class BinomialCurve(Mechanism):
         self.pseudo_count = check_positive("pseudo_count", pseudo_count)
         super().__init__(dim, dim * self.trials * math.log1p(1 / self.pseudo_count))
         self.target_epsilon = self.epsilon if epsilon is None else float(epsilon)
+
+    #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
+    batched_epsilon = True
+
+    def with_epsilon(self, epsilon: float | Tensor) -> BinomialCurve:
+        """The same release (trials, population, dim) calibrated at another target ``epsilon``: pseudo-count
+        ``M = T N / epsilon``. A tensor of epsilons broadcasting with the summaries gives one mechanism
+        drawing each row at its own epsilon (its ``pseudo_count`` a tensor; :mod:`dpsbi.mechanisms.epsilon`)."""
+        if not torch.is_tensor(epsilon):
+            return type(self)(self.trials, self.population, self.dim, epsilon=epsilon)
+        target = epsilons(epsilon)
+        pseudo_count = self.dim * self.trials / target
+        exact = self.dim * self.trials * torch.log1p(1 / pseudo_count)
+        return batched_copy(self, exact, pseudo_count=pseudo_count, target_epsilon=target)
 
     @property
     def lattice(self) -> float:

@@ -25,6 +25,7 @@ from scipy.special import logsumexp
 from torch import Tensor
 
 from .base import AdditiveNoise, Mechanism, check_positive
+from .epsilon import batched_copy, epsilons
 from .gaussian import analytic_sigma
 
 #: Elements x terms evaluated at once by the exact far-tail sums of :meth:`DiscreteGaussian.noise_log_cdf`.
@@ -49,12 +50,16 @@ def _check_delta(delta: float) -> float:
     return delta
 
 
-def _require_integers(s: Tensor, name: str) -> None:
-    if s.is_floating_point() and bool((s != torch.round(s)).any()):
-        bad = s[s != torch.round(s)][0].item()
-        raise ValueError(
-            f"{name} adds integer noise to integer statistics; s holds non-integer values, e.g. {bad}"
-        )
+class IntegerInput:
+    """For mechanisms that add integer noise: the statistics they take must be integers."""
+
+    def check_input(self, s: Tensor) -> None:
+        if s.is_floating_point() and bool((s != torch.round(s)).any()):
+            bad = s[s != torch.round(s)][0].item()
+            raise ValueError(
+                f"{type(self).__name__} adds integer noise to integer statistics; s holds non-integer values, "
+                f"e.g. {bad}"
+            )
 
 
 def _integer_valued(x: Tensor) -> Tensor:
@@ -162,7 +167,7 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
 # ---- the mechanisms ---------------------------------------------------------------------------------------------
 
 
-class DiscreteLaplace(AdditiveNoise, Mechanism):
+class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
     """``y = s + n`` on integer statistics, ``n_i`` i.i.d. discrete Laplace (two-sided geometric) with
     ``P(n_i = k) = (1 - p) / (1 + p) p^|k|``, ``p = e^{-1/t}``, scale ``t = sensitivity / epsilon``.
 
@@ -190,16 +195,26 @@ class DiscreteLaplace(AdditiveNoise, Mechanism):
         mech._set_scale(scale)
         return mech
 
-    def with_epsilon(self, epsilon: float) -> DiscreteLaplace:
-        """The same mechanism (sensitivity, dim) calibrated at another ``epsilon``."""
-        return type(self)(epsilon, self.sensitivity, self.dim)
+    #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
+    batched_epsilon = True
+
+    def with_epsilon(self, epsilon: float | Tensor) -> DiscreteLaplace:
+        """The same mechanism (sensitivity, dim) calibrated at another ``epsilon``. A tensor of epsilons
+        broadcasting with the summaries gives one mechanism drawing each row at its own epsilon (its ``scale``
+        and ``p`` tensors; :mod:`dpsbi.mechanisms.epsilon`)."""
+        if not torch.is_tensor(epsilon):
+            return type(self)(epsilon, self.sensitivity, self.dim)
+        epsilon = epsilons(epsilon)
+        scale = self.sensitivity / epsilon
+        return batched_copy(self, epsilon, scale=scale, p=torch.exp(-1 / scale))
 
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
-        _require_integers(s, type(self).__name__)
         # Smallest k with F(k) >= u, by symmetry from the lower tail F(-m) = p^m / (1 + p), m >= 1.
         lower = u <= 0.5
         w = torch.where(lower, u, 1 - u)
-        r = -self.scale * (torch.log(w) + math.log1p(self.p))  # F(-m) >= w  <=>  m <= r
+        # p is a tensor for a mechanism at a tensor of epsilons (with_epsilon)
+        log1p_p = torch.log1p(self.p) if torch.is_tensor(self.p) else math.log1p(self.p)
+        r = -self.scale * (torch.log(w) + log1p_p)  # F(-m) >= w  <=>  m <= r
         k = torch.where(lower, -torch.floor(r), torch.ceil(r) - 1)
         return s + k
 
@@ -228,7 +243,7 @@ class DiscreteLaplace(AdditiveNoise, Mechanism):
         )
 
 
-class DiscreteGaussian(AdditiveNoise, Mechanism):
+class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
     """``y = s + n`` on integer statistics, ``n_i`` i.i.d. discrete Gaussian ``P(n_i = k) ∝ e^{-k^2 / (2 sigma^2)}``.
 
     Give exactly one calibration: ``epsilon`` with ``delta`` (the smallest ``sigma`` that is exactly
@@ -329,7 +344,6 @@ class DiscreteGaussian(AdditiveNoise, Mechanism):
         return {**self.__dict__, "_tables": {}}  # device tables are rebuilt where they are used
 
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
-        _require_integers(s, type(self).__name__)
         cdf, _ = self._table(u.device, u.dtype)
         # The smallest k with F(k) >= u; above the median by symmetry, k = -j - 1 with j the largest F(j) <= 1 - u.
         lower = u <= 0.5

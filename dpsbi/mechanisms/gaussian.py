@@ -10,6 +10,7 @@ from scipy.stats import norm
 from torch import Tensor
 
 from .base import AdditiveNoise, Mechanism, check_positive
+from .epsilon import batched_copy, epsilons
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
@@ -26,6 +27,56 @@ def analytic_delta(mu: float, epsilon: float) -> float:
     return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
 
 
+#: ``log mu`` of the analytic calibration on a grid of ``log epsilon`` in [-10, 10], per delta (:func:`analytic_mu`).
+_MU_TABLES: dict[float, Tensor] = {}
+_LOG_EPS = (-10.0, 10.0, 2049)
+
+
+def _bisected_mu(eps: Tensor, delta: float) -> Tensor:
+    """``mu`` with ``analytic_delta(mu, eps) = delta`` for every entry of ``eps`` (float64): bisection in ``log mu``
+    on ``[1e-8, 1e4]`` (where :func:`analytic_sigma`'s ``brentq`` looks), 64 halvings, all entries at once."""
+    lo, hi = torch.full_like(eps, math.log(1e-8)), torch.full_like(eps, math.log(1e4))
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        larger = _analytic_delta(torch.exp(mid), eps) > delta  # delta grows with mu: the root lies below
+        lo, hi = torch.where(larger, lo, mid), torch.where(larger, mid, hi)
+    return torch.exp((lo + hi) / 2)
+
+
+def _analytic_delta(mu: Tensor, eps: Tensor) -> Tensor:
+    """:func:`analytic_delta` on tensors."""
+    return torch.special.ndtr(-eps / mu + mu / 2) - torch.exp(
+        eps + torch.special.log_ndtr(-eps / mu - mu / 2)
+    )
+
+
+def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
+    """Vectorized :func:`analytic_sigma`: ``mu = Delta_2 / sigma`` (float64) of the exactly ``(epsilon, delta)``-DP
+    Gaussian mechanism for every entry of the tensor ``epsilon``. Interpolated in a table of ``log mu`` over
+    ``log epsilon`` (built once per ``delta`` by bisection), then polished by three Newton steps on
+    ``delta(mu) = delta``, whose derivative is ``phi(-epsilon / mu + mu / 2)``: agrees with ``brentq`` to ~1e-12.
+    Epsilons off the table (outside ``[e^-10, e^10]``) are bisected directly."""
+    eps = epsilon.double()
+    low, high, points = _LOG_EPS
+    if delta not in _MU_TABLES:
+        grid = torch.linspace(low, high, points, dtype=torch.float64)
+        _MU_TABLES[delta] = torch.log(_bisected_mu(torch.exp(grid), delta))
+    x = torch.log(eps)
+    if not bool(((x >= low) & (x <= high)).all()):
+        return _bisected_mu(eps, delta)
+    table = _MU_TABLES[delta].to(eps.device)
+    position = (x - low) / (high - low) * (points - 1)
+    index = position.floor().clamp(0, points - 2)
+    weight = position - index
+    index = index.long()
+    mu = torch.exp(table[index] * (1 - weight) + table[index + 1] * weight)
+    for _ in range(3):
+        a = -eps / mu + mu / 2
+        slope = torch.exp(-0.5 * a**2) / math.sqrt(2 * math.pi)
+        mu = (mu - (_analytic_delta(mu, eps) - delta) / slope).clamp_min(1e-12)
+    return mu
+
+
 def analytic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     """Smallest sigma whose Gaussian mechanism is exactly (epsilon, delta)-DP."""
     mu = brentq(lambda m: analytic_delta(m, epsilon) - delta, 1e-8, 1e4, xtol=1e-14)
@@ -39,6 +90,9 @@ class Gaussian(AdditiveNoise, Mechanism):
     (Dwork & Roth, epsilon < 1) or ``'analytic'`` (exact, any epsilon); :meth:`gdp` builds the
     ``mu``-Gaussian-DP form ``sigma = sensitivity / mu``.
     """
+
+    #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
+    batched_epsilon = True
 
     def __init__(
         self,
@@ -55,6 +109,7 @@ class Gaussian(AdditiveNoise, Mechanism):
         calibrators = {"classic": classic_sigma, "analytic": analytic_sigma}
         if calibration not in calibrators:
             raise ValueError(f"unknown calibration {calibration!r}; choose one of {sorted(calibrators)}")
+        self._calibration = calibration  # private: not part of a task's identity (saved files predate it)
         self.sigma = calibrators[calibration](self.epsilon, self.delta, self.sensitivity)
         self.mu = self.sensitivity / self.sigma
 
@@ -80,6 +135,28 @@ class Gaussian(AdditiveNoise, Mechanism):
         mech = cls.gdp(check_positive("sensitivity", sensitivity) / sigma, sensitivity, dim, delta)
         mech.sigma = sigma
         return mech
+
+    def with_epsilon(self, epsilon: float | Tensor) -> Gaussian:
+        """The same mechanism (sensitivity, dim, delta) at another ``epsilon``, by the same calibration:
+        classic or analytic. A Gaussian-DP mechanism (:meth:`gdp`, :meth:`from_sigma`) is re-calibrated
+        analytically, which is exactly its own family: its epsilon at ``delta`` is the analytic one, so the
+        result is the ``mu``-GDP mechanism whose epsilon at ``delta`` is ``epsilon``. A tensor of epsilons
+        broadcasting with the summaries gives one mechanism drawing each row at its own epsilon (its
+        ``sigma`` a tensor, :func:`analytic_mu` vectorized; :mod:`dpsbi.mechanisms.epsilon`)."""
+        calibration = getattr(self, "_calibration", "analytic")
+        if not torch.is_tensor(epsilon):
+            return type(self)(epsilon, self.delta, self.sensitivity, self.dim, calibration)
+        epsilon = epsilons(epsilon)
+        if calibration == "classic":
+            if bool((epsilon >= 1).any()):
+                raise ValueError(
+                    f"classic Gaussian calibration needs epsilon < 1 (got up to {float(epsilon.max()):g}); "
+                    "use calibration='analytic'"
+                )
+            sigma = self.sensitivity * math.sqrt(2 * math.log(1.25 / self.delta)) / epsilon
+        else:
+            sigma = (self.sensitivity / analytic_mu(epsilon, self.delta)).to(epsilon.dtype)
+        return batched_copy(self, epsilon, sigma=sigma, mu=self.sensitivity / sigma)
 
     @property
     def rho(self) -> float:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .base import AdditiveNoise, Mechanism, check_positive
+from .epsilon import batched_copy, epsilons
 
 
 class Laplace(AdditiveNoise, Mechanism):
@@ -16,6 +17,9 @@ class Laplace(AdditiveNoise, Mechanism):
     ``sensitivity`` is the L1 sensitivity of the whole ``dim``-dimensional statistic, so the
     release is ``epsilon``-DP.
     """
+
+    #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
+    batched_epsilon = True
 
     def __init__(self, epsilon: float, sensitivity: float, dim: int = 1) -> None:
         super().__init__(dim, epsilon)
@@ -29,6 +33,15 @@ class Laplace(AdditiveNoise, Mechanism):
         mech = cls(check_positive("sensitivity", sensitivity) / scale, sensitivity, dim)
         mech.scale = scale
         return mech
+
+    def with_epsilon(self, epsilon: float | Tensor) -> Laplace:
+        """The same mechanism (sensitivity, dim) at another ``epsilon``: ``b = sensitivity / epsilon``. A tensor
+        of epsilons broadcasting with the summaries gives one mechanism drawing each row at its own epsilon
+        (:mod:`dpsbi.mechanisms.epsilon`)."""
+        if not torch.is_tensor(epsilon):
+            return type(self)(epsilon, self.sensitivity, self.dim)
+        epsilon = epsilons(epsilon)
+        return batched_copy(self, epsilon, scale=self.sensitivity / epsilon)
 
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
         # Inverse CDF written on both halves so that neither side loses precision near 0 or 1.

@@ -328,6 +328,9 @@ class PostProcessed(Mechanism):
     def input_dim(self) -> int:
         return self.inner.input_dim
 
+    def check_input(self, s: Tensor) -> None:
+        self.inner.check_input(s)
+
     @property
     def noise_dim(self) -> int:
         return self.inner.noise_dim

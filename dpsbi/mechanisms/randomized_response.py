@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .base import Mechanism
+from .epsilon import batched_copy, epsilons
 
 
 class RandomizedResponse(Mechanism):
@@ -22,6 +23,18 @@ class RandomizedResponse(Mechanism):
     def __init__(self, epsilon: float, dim: int = 1) -> None:
         super().__init__(dim, epsilon)
         self.keep = math.exp(self.epsilon) / (1 + math.exp(self.epsilon))
+
+    #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
+    batched_epsilon = True
+
+    def with_epsilon(self, epsilon: float | Tensor) -> RandomizedResponse:
+        """The same mechanism (dim) at another ``epsilon``. A tensor of epsilons broadcasting with the summaries
+        gives one mechanism drawing each row at its own epsilon (its ``keep`` probability a tensor;
+        :mod:`dpsbi.mechanisms.epsilon`)."""
+        if not torch.is_tensor(epsilon):
+            return type(self)(epsilon, self.dim)
+        epsilon = epsilons(epsilon)
+        return batched_copy(self, epsilon, keep=torch.sigmoid(epsilon))
 
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
         flip = (u >= self.keep).to(s.dtype)

@@ -96,6 +96,17 @@ class SmoothSensitivityLaplace(Mechanism):
         self.beta = self.epsilon / (2 * math.log(2 / self.delta))
         self._unit = Laplace(1.0, 1.0)
 
+    #: Why it cannot be trained over a range of epsilons (:func:`dpsbi.mechanisms.epsilon.epsilon_range_problem`).
+    epsilon_range_problem = (
+        "its summary holds the smooth sensitivity, which depends on epsilon (through beta), so a simulated "
+        "summary cannot be released again at another epsilon"
+    )
+
+    def with_epsilon(self, epsilon: float) -> SmoothSensitivityLaplace:
+        """The same release (delta, upper, n, statistic) at another ``epsilon`` (one number: the summary it
+        consumes, the beta-smooth sensitivity, changes with epsilon too, see :meth:`summarize`)."""
+        return type(self)(epsilon, self.delta, self.upper, self.n, self.statistic)
+
     @property
     def input_dim(self) -> int:
         return 2

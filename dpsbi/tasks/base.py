@@ -136,6 +136,12 @@ class Task:
             raise RuntimeError(
                 f"task {self.name!r}: {source} NaN/inf for theta rows {rows}, e.g. theta={theta[rows[0]].tolist()}"
             )
+        try:
+            self.mechanism.check_input(s)
+        except ValueError as error:
+            raise RuntimeError(
+                f"task {self.name!r}: {source} statistics the mechanism refuses: {error}"
+            ) from None
         return s
 
     def release(self, s: Tensor, u: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:

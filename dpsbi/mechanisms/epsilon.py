@@ -1,0 +1,87 @@
+"""Mechanisms at other privacy levels: ``with_epsilon``, for one epsilon or a tensor of them.
+
+A mechanism family with ``with_epsilon(epsilon)`` gives the same mechanism (sensitivity, dimension, delta,
+calibration) calibrated at another ``epsilon``. The families whose ``batched_epsilon`` is true (Laplace,
+Gaussian, DiscreteLaplace, BinomialCurve, RandomizedResponse) also take a tensor of epsilons that broadcasts
+with the batch of summaries, e.g. ``(n, 1)`` for ``s (n, dim)``: the result is one mechanism whose noise
+scale is a tensor, so that ``sample(s, u)`` draws row ``i``'s release at ``epsilon[i]`` in one vectorized call.
+That is what training a posterior over a range of epsilons needs (``SPPE(task, amortized=True,
+epsilon_range=(low, high))``). Such a batched mechanism is for drawing releases (``sample``, ``transform``);
+its densities and ``repr`` are not defined. :func:`at_epsilons` builds it for any mechanism, post-processed
+ones included, or refuses the family in one line (:func:`epsilon_range_problem`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import Tensor
+
+from .base import Mechanism
+
+
+def epsilons(epsilon) -> Tensor:
+    """``epsilon`` as a floating tensor of finite positive values, or a ``ValueError``."""
+    eps = torch.as_tensor(epsilon)
+    eps = eps if eps.is_floating_point() else eps.to(torch.get_default_dtype())
+    if eps.numel() == 0 or not bool((torch.isfinite(eps) & (eps > 0)).all()):
+        raise ValueError(f"epsilon must hold finite numbers > 0, got {eps.flatten()[:5].tolist()}")
+    return eps
+
+
+def batched_copy(mechanism: Mechanism, epsilon: Tensor, **attributes) -> Mechanism:
+    """A copy of ``mechanism`` with ``epsilon`` (a tensor) and the noise ``attributes`` that follow from it."""
+    out = copy.copy(mechanism)
+    out.__dict__.update(epsilon=epsilon, **attributes)
+    return out
+
+
+def nominal_epsilon(mechanism: Mechanism) -> float:
+    """The epsilon that ``mechanism.with_epsilon`` takes and that gives ``mechanism`` back: its target for a
+    :class:`~dpsbi.mechanisms.BinomialCurve` (calibrated from ``M = T N / epsilon``), else its ``epsilon``."""
+    return float(getattr(mechanism, "target_epsilon", mechanism.epsilon))
+
+
+def epsilon_range_problem(mechanism: Mechanism) -> str | None:
+    """Why ``mechanism`` cannot draw each release at its own epsilon (:func:`at_epsilons`), or ``None``."""
+    from .postprocessing import PostProcessed
+
+    if isinstance(mechanism, PostProcessed):
+        return epsilon_range_problem(mechanism.inner)
+    problem = getattr(mechanism, "epsilon_range_problem", None)
+    if problem:
+        return f"{mechanism!r}: {problem}"
+    if not callable(getattr(mechanism, "with_epsilon", None)):
+        return f"{mechanism!r} has no with_epsilon: dpsbi cannot re-calibrate its noise at another epsilon"
+    if not getattr(mechanism, "batched_epsilon", False):
+        return (
+            f"{type(mechanism).__name__}.with_epsilon takes one epsilon at a time, not one per simulation "
+            "(families that do: Laplace, Gaussian, DiscreteLaplace, BinomialCurve, RandomizedResponse)"
+        )
+    return None
+
+
+def at_epsilons(mechanism: Mechanism, epsilon: Tensor) -> Mechanism:
+    """``mechanism`` re-calibrated at the tensor ``epsilon`` (broadcasting with the batch of summaries it will
+    be given): one mechanism whose ``sample(s, u)`` draws every row at its own epsilon. Post-processing steps
+    are kept (applied to the re-calibrated inner mechanism). ``ValueError`` in one line for a family that
+    cannot (:func:`epsilon_range_problem`)."""
+    from .postprocessing import PostProcessed
+
+    epsilon = epsilons(epsilon)
+    if isinstance(mechanism, PostProcessed):
+        return batched_copy(mechanism, epsilon, inner=at_epsilons(mechanism.inner, epsilon))
+    problem = epsilon_range_problem(mechanism)
+    if problem:
+        raise ValueError(problem)
+    return mechanism.with_epsilon(epsilon)
+
+
+def log_uniform(
+    low: float, high: float, n: int, generator: torch.Generator | None = None, device=None
+) -> Tensor:
+    """``n`` epsilons drawn log-uniformly in ``[low, high]`` (torch's default float dtype)."""
+    u = torch.rand(n, generator=generator, device=device)
+    return torch.exp(math.log(low) + (math.log(high) - math.log(low)) * u)

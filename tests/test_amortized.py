@@ -1,0 +1,344 @@
+"""Amortized by design: ``amortized=True`` draws every round from the prior, ``epsilon_range`` conditions the flow on
+epsilon (mechanisms re-calibrated per simulation by ``with_epsilon``), and the posterior takes ``epsilon=`` per
+release, refusing one outside the trained range. Accuracy against the exact posteriors of the conjugate Gaussian
+and Poisson-counts tasks at several (release, epsilon) pairs."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import dpsbi
+from dpsbi.inference.estimator import SequentialEstimator
+from dpsbi.mechanisms import (
+    BinomialCurve,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Gaussian,
+    Laplace,
+    PostProcessed,
+    RandomizedResponse,
+    SmoothSensitivityLaplace,
+    nonnegative,
+)
+from dpsbi.mechanisms.epsilon import at_epsilons, epsilon_range_problem
+from dpsbi.mechanisms.gaussian import analytic_mu, analytic_sigma
+from dpsbi.tasks import load
+from dpsbi.tasks.poisson_counts import exact_posterior as poisson_exact
+
+TINY = dict(flow=dict(transforms=1, hidden=16), training=dict(max_steps=30), progress=False)
+#: The conjugate Gaussian with a small sensitivity, so that epsilon in [0.5, 4] moves the posterior sd by 40%.
+GAUSS = dict(noise_sd=0.5, sensitivity=0.25, dim=2)
+
+# ---- mechanisms at other epsilons ----------------------------------------------------------------------------
+
+FAMILIES = {
+    "laplace": lambda: Laplace(1.0, 2.0, 2),
+    "gaussian": lambda: Gaussian(0.5, 1e-5, 1.0, 2),
+    "gaussian_classic": lambda: Gaussian(0.5, 1e-5, 1.0, 2, calibration="classic"),
+    "gaussian_gdp": lambda: Gaussian.gdp(0.7, 1.0, 2),
+    "discrete_laplace": lambda: DiscreteLaplace(1.0, 1, 2),
+    "binomial": lambda: BinomialCurve(20, 100, 3, epsilon=1.0),
+    "randomized_response": lambda: RandomizedResponse(1.0, 2),
+    "postprocessed": lambda: PostProcessed(Laplace(1.0, 1.0, 2), nonnegative),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_tensor_of_epsilons_draws_every_row_as_the_mechanism_at_its_epsilon(family):
+    """One vectorized call at per-row epsilons gives, row by row, the releases of ``with_epsilon(eps_i)``."""
+    mechanism = FAMILIES[family]()
+    binary = isinstance(mechanism, RandomizedResponse)
+    s = torch.randint(0, 2 if binary else 50, (4, mechanism.input_dim)).float()
+    u = torch.rand(4, 3, mechanism.noise_dim, generator=torch.Generator().manual_seed(0))
+    eps = torch.tensor([0.2, 0.5, 0.9, 0.35])
+    batched = at_epsilons(mechanism, eps.reshape(-1, 1, 1)).sample(s.unsqueeze(-2), u)
+    one_by_one = torch.stack(
+        [
+            mechanism.with_epsilon(float(e)).sample(s[i : i + 1].unsqueeze(-2), u[i : i + 1])[0]
+            for i, e in enumerate(eps)
+        ]
+    )
+    assert batched.shape == (4, 3, mechanism.dim) and batched.dtype == s.dtype
+    torch.testing.assert_close(batched, one_by_one)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_with_epsilon_at_its_own_epsilon_is_the_same_mechanism(family):
+    mechanism = FAMILIES[family]()
+    own = float(getattr(mechanism, "target_epsilon", mechanism.epsilon))
+    again = mechanism.with_epsilon(own)
+    assert type(again) is type(mechanism) and math.isclose(again.epsilon, mechanism.epsilon, rel_tol=1e-6)
+    s = torch.randint(0, 2, (5, mechanism.input_dim)).float()
+    u = torch.rand(5, mechanism.noise_dim, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(again.sample(s, u), mechanism.sample(s, u), rtol=1e-5, atol=1e-5)
+
+
+def test_vectorized_analytic_calibration_agrees_with_brentq():
+    eps = torch.tensor([1e-3, 0.05, 0.1, 0.33, 1.0, 2.5, 10.0, 50.0, 1e5])
+    for delta in (1e-3, 1e-5, 1e-9):
+        expected = torch.tensor([1 / analytic_sigma(float(e), delta, 1.0) for e in eps], dtype=torch.float64)
+        torch.testing.assert_close(analytic_mu(eps, delta), expected, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize(
+    "mechanism",
+    [SmoothSensitivityLaplace(1.0, 1e-6, 1.0, 11), DiscreteGaussian(1.0, 1e-6)],
+    ids=["smooth_sensitivity", "discrete_gaussian"],
+)
+def test_a_family_that_cannot_redraw_per_epsilon_is_refused_in_one_line(mechanism):
+    assert epsilon_range_problem(mechanism)
+    assert mechanism.with_epsilon(2.0).epsilon == pytest.approx(
+        2.0, rel=1e-6
+    )  # one epsilon at a time still works
+    task = dpsbi.tasks.from_simulator(
+        dpsbi.tasks.box([0.0], [1.0]), lambda theta: theta.repeat(1, mechanism.input_dim), mechanism, None
+    )
+    with pytest.raises(ValueError, match="epsilon_range") as error:
+        dpsbi.SPPE(task, amortized=True, epsilon_range=(0.5, 2.0), **TINY)
+    assert "\n" not in str(error.value)
+
+
+# ---- the estimators ------------------------------------------------------------------------------------------
+
+
+def test_amortized_rounds_all_draw_from_the_prior(monkeypatch):
+    """No proposal at y_obs: rounds after the first never call the posterior, and y_obs may be absent."""
+    monkeypatch.setattr(
+        SequentialEstimator, "proposal_draws", lambda *a: pytest.fail("an amortized fit proposed at y_obs")
+    )
+    task = load("conjugate_gaussian", epsilon=1.0, **GAUSS)
+    task.y_obs = None
+    estimator = dpsbi.SPPE(task, amortized=True, rounds=2, sims_per_round=100, **TINY)
+    posterior = estimator.run()
+    assert estimator.num_simulations == 200 and estimator.fingerprint()["amortized"] is True
+    assert posterior.amortized and estimator.propose(5).shape == (5, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        posterior.sample((10,), y=torch.tensor([3.0, -2.0]))
+    assert not [w for w in caught if "not a valid posterior" in str(w.message)]  # valid at any release
+
+
+def test_epsilon_range_needs_amortized_and_a_proper_range():
+    task = load("conjugate_gaussian", epsilon=1.0, **GAUSS)
+    with pytest.raises(ValueError, match="amortized=True"):
+        dpsbi.SPPE(task, epsilon_range=(0.5, 2.0), **TINY)
+    with pytest.raises(ValueError, match="0 < low < high"):
+        dpsbi.SPPE(task, amortized=True, epsilon_range=(2.0, 0.5), **TINY)
+    classic = dpsbi.tasks.from_simulator(
+        dpsbi.tasks.normal(0.0, 1.0), lambda t: t, Gaussian(0.5, 1e-5, 1.0, calibration="classic"), None
+    )
+    with pytest.raises(ValueError, match="classic"):  # the family's own limit, checked at both ends
+        dpsbi.SPPE(classic, amortized=True, epsilon_range=(0.5, 2.0), **TINY)
+    with pytest.raises(ValueError, match="NaiveNPE"):
+        dpsbi.NaiveNPE(task, epsilon_range=(0.5, 2.0), **TINY)
+
+
+@pytest.fixture(scope="module")
+def gaussian_posterior():
+    """SPPE over epsilon in [0.5, 4] on the two-dimensional conjugate Gaussian (~10 s)."""
+    task = load("conjugate_gaussian", epsilon=1.0, **GAUSS)
+    estimator = dpsbi.SPPE(
+        task,
+        amortized=True,
+        epsilon_range=(0.5, 4.0),
+        rounds=1,
+        sims_per_round=1000,
+        inner_samples=8,
+        qmc=True,
+        flow=dict(transforms=2, hidden=32),
+        training=dict(max_steps=500, batch_size=200),
+        progress=False,
+    )
+    return estimator, estimator.run()
+
+
+def _close_to(draws: torch.Tensor, mean: torch.Tensor, sd: torch.Tensor, tolerance: float) -> None:
+    """Draws' means within ``tolerance`` exact sds of the exact means, and sds within ``tolerance`` relative: the
+    Monte Carlo error of 4000 draws (~0.02) plus a small flow's approximation."""
+    shift = ((draws.mean(0) - mean) / sd).abs().max()
+    spread = (draws.std(0) / sd - 1).abs().max()
+    assert shift < tolerance and spread < tolerance, (float(shift), float(spread))
+
+
+@pytest.mark.parametrize("release", [[0.8, -0.3], [2.0, 1.0], [-1.5, 0.2]])
+def test_conjugate_gaussian_over_epsilon_matches_the_exact_posteriors(gaussian_posterior, release):
+    _, posterior = gaussian_posterior
+    y = torch.tensor(release)
+    for epsilon in (0.6, 1.5, 3.5):  # the exact posterior sd goes from 0.84 to 0.51
+        exact = load("conjugate_gaussian", epsilon=epsilon, **GAUSS).exact_posterior(y)
+        draws = posterior.sample((4000,), y=y, epsilon=epsilon, seed=0)
+        _close_to(draws, exact.mean, exact.stddev, 0.3)
+
+
+def test_an_epsilon_column_travels_with_the_simulations_and_the_checkpoint(gaussian_posterior, tmp_path):
+    estimator, _ = gaussian_posterior
+    epsilon = estimator.data["epsilon"]
+    assert epsilon.shape == (1000,) and 0.5 <= float(epsilon.min()) and float(epsilon.max()) <= 4.0
+    assert abs(float(torch.log(epsilon).mean()) - (math.log(0.5) + math.log(4.0)) / 2) < 0.1  # log-uniform
+    assert estimator.fingerprint()["epsilon_range"] == [0.5, 4.0] and estimator.flow.context_dim == 3
+    task = load("conjugate_gaussian", epsilon=1.0, **GAUSS)
+    settings = dict(amortized=True, rounds=1, sims_per_round=100, checkpoint_dir=tmp_path, **TINY)
+    first = dpsbi.SPPE(task, epsilon_range=(0.5, 4.0), **settings)
+    first.run()
+    again = dpsbi.SPPE(task, epsilon_range=(0.5, 4.0), **{**settings, "rounds": 2})
+    again.run()
+    assert torch.equal(again.data["epsilon"][:100], first.data["epsilon"]) and again.num_simulations == 200
+    with pytest.raises(ValueError, match="epsilon_range"):
+        dpsbi.SPPE(task, epsilon_range=(0.5, 3.0), **{**settings, "rounds": 3}).run()
+
+
+def test_epsilon_per_release_in_batched_calls(gaussian_posterior):
+    _, posterior = gaussian_posterior
+    y = torch.tensor([[0.8, -0.3], [2.0, 1.0], [0.0, 0.0]])
+    epsilon = torch.tensor([0.6, 1.5, 3.5])
+    theta = torch.randn(7, 3, 2, generator=torch.Generator().manual_seed(0))
+    batched = posterior.log_prob_batched(theta, y=y, epsilon=epsilon)
+    single = torch.stack(
+        [posterior.log_prob(theta[:, b], y=y[b], epsilon=float(epsilon[b])) for b in range(3)], -1
+    )
+    torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-4)
+    draws = posterior.sample_batched((2000,), y=y, epsilon=epsilon, seed=0)
+    assert draws.shape == (2000, 3, 2)
+    for b in range(3):
+        exact = load("conjugate_gaussian", epsilon=float(epsilon[b]), **GAUSS).exact_posterior(y[b])
+        _close_to(draws[:, b], exact.mean, exact.stddev, 0.3)
+    one = posterior.sample_batched((5,), y=y[:1], epsilon=0.6, seed=3)[:, 0]
+    torch.testing.assert_close(one, posterior.sample((5,), y=y[0], epsilon=0.6, seed=3))
+
+
+def test_epsilon_outside_the_range_is_refused_and_the_default_is_the_tasks(gaussian_posterior):
+    _, posterior = gaussian_posterior
+    y = torch.tensor([0.8, -0.3])
+    for bad in (0.4, 4.5):
+        with pytest.raises(ValueError, match=r"outside the range \[0.5, 4\]") as error:
+            posterior.sample((10,), y=y, epsilon=bad)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="outside the range"):
+        posterior.sample_batched((10,), y=torch.stack([y, y]), epsilon=torch.tensor([1.0, 5.0]))
+    with pytest.raises(ValueError, match="outside the range"):
+        posterior.log_prob(torch.zeros(2), y=y, epsilon=0.1)
+    with pytest.raises(ValueError, match="one per release"):
+        posterior.sample_batched((10,), y=torch.stack([y, y]), epsilon=torch.tensor([1.0, 2.0, 3.0]))
+    # no epsilon: the task's own (1.0, inside the range)
+    torch.testing.assert_close(
+        posterior.sample((20,), y=y, seed=1), posterior.sample((20,), y=y, epsilon=1.0, seed=1)
+    )
+
+
+def test_posterior_files_record_the_range_and_refuse_outside_it(gaussian_posterior, tmp_path):
+    _, posterior = gaussian_posterior
+    path = tmp_path / "posterior.pt"
+    posterior.save(path)
+    loaded = dpsbi.load_posterior(path)
+    assert loaded.epsilon_range == (0.5, 4.0) and loaded.metadata()["options"]["epsilon_range"] == [0.5, 4.0]
+    y = torch.tensor([0.8, -0.3])
+    torch.testing.assert_close(
+        loaded.sample((50,), y=y, epsilon=2.0, seed=0), posterior.sample((50,), y=y, epsilon=2.0, seed=0)
+    )
+    with pytest.raises(ValueError, match="outside the range"):
+        loaded.sample((5,), y=y, epsilon=8.0)
+    # a task whose own epsilon lies outside the range: epsilon must be given
+    outside = dpsbi.load_posterior(path, task=load("conjugate_gaussian", epsilon=1.0, **GAUSS))
+    outside.task.mechanism = outside.task.mechanism.with_epsilon(8.0)  # as if the task were at epsilon 8
+    with pytest.raises(ValueError, match="pass epsilon="):
+        outside.sample((5,), y=y)
+
+
+def test_a_posterior_at_one_epsilon_takes_only_that_one(tmp_path):
+    task = load("conjugate_gaussian", epsilon=1.0, **GAUSS)
+    posterior = dpsbi.SPPE(task, amortized=True, rounds=1, sims_per_round=100, **TINY).run()
+    assert "epsilon_range" not in posterior.metadata()["options"]  # files as before
+    posterior.sample((5,), epsilon=1.0)
+    with pytest.raises(ValueError, match="trained at the task's epsilon = 1 only"):
+        posterior.sample((5,), epsilon=2.0)
+
+
+@pytest.fixture(scope="module")
+def poisson_task():
+    return load("poisson_counts", epsilon=0.2)
+
+
+def _poisson_exact(y: float, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and sd of the exact posterior, a mixture of Gamma(a_k, b) with weights w_k, at release ``y`` and
+    ``epsilon``: ``sum w_k a_k / b`` and ``sum w_k a_k (a_k + 1) / b^2 - mean^2``."""
+    exact = poisson_exact(torch.tensor([y]), epsilon)
+    w = exact.mixture_distribution.probs.double()
+    a = exact.component_distribution.base_dist.concentration[:, 0].double()
+    b = exact.component_distribution.base_dist.rate[:, 0].double()
+    mean = (w * a / b).sum()
+    sd = ((w * a * (a + 1) / b**2).sum() - mean**2).sqrt()
+    return mean.reshape(1).float(), sd.reshape(1).float()
+
+
+def test_poisson_counts_over_epsilon_match_the_exact_posteriors(poisson_task):
+    posterior = dpsbi.SPPE(
+        poisson_task,
+        amortized=True,
+        epsilon_range=(0.1, 1.0),
+        rounds=1,
+        sims_per_round=1000,
+        inner_samples=8,
+        qmc=True,
+        flow=dict(transforms=1, hidden=32),
+        training=dict(max_steps=300),
+        progress=False,
+    ).run()
+    releases = torch.tensor([[18.0], [27.0], [33.0]])
+    for epsilon in (0.12, 0.3, 0.9):  # Laplace scales 8.3 to 1.1 against the prior's sd of 5
+        draws = posterior.sample_batched((4000,), y=releases, epsilon=epsilon, seed=0)
+        for b, y in enumerate(releases[:, 0].tolist()):
+            _close_to(draws[:, b], *_poisson_exact(y, epsilon), 0.25)
+
+
+def test_sple_over_epsilon_matches_the_exact_poisson_posteriors(poisson_task):
+    posterior = dpsbi.SPLE(
+        poisson_task,
+        amortized=True,
+        epsilon_range=(0.1, 1.0),
+        rounds=1,
+        sims_per_round=1000,
+        inner_samples=8,
+        flow=dict(transforms=1, hidden=32),
+        training=dict(max_steps=300),
+        mcmc=dict(num_chains=100),
+        progress=False,
+    ).run()
+    assert posterior.epsilon_range == (0.1, 1.0) and posterior.flow.context_dim == 2
+    for y, epsilon in ((18.0, 0.12), (27.0, 0.9)):
+        draws = posterior.sample((2000,), y=torch.tensor([y]), epsilon=epsilon, seed=0)
+        _close_to(draws, *_poisson_exact(y, epsilon), 0.25)
+    with pytest.raises(ValueError, match="outside the range"):
+        posterior.sample((10,), y=torch.tensor([20.0]), epsilon=2.0)
+
+
+def test_a_users_model_trains_over_epsilon_in_one_fit():
+    """``from_simulator`` with a Laplace mechanism and no observed release: one fit over epsilon in (0.1, 1)."""
+
+    def simulator(theta, rng):
+        return theta + 0.3 * torch.randn(theta.shape, generator=rng)
+
+    task = dpsbi.tasks.from_simulator(
+        dpsbi.tasks.normal([0.0, 0.0], [1.0, 1.0]), simulator, Laplace(0.3, 0.2, dim=2), None
+    )
+    posterior = dpsbi.SPPE(
+        task, amortized=True, epsilon_range=(0.1, 1.0), rounds=2, sims_per_round=200, **TINY
+    ).run()
+    draws = posterior.sample_batched((100,), y=torch.zeros(4, 2), epsilon=torch.tensor([0.1, 0.3, 0.6, 1.0]))
+    assert draws.shape == (100, 4, 2) and torch.isfinite(draws).all()
+
+
+def test_the_command_line_takes_amortized_and_epsilon_range():
+    """``method.amortized=true method.epsilon_range=[low,high]`` reach the estimator; a range that leaves out the
+    task's epsilon (where a run scores the posterior) is a config error."""
+    from hydra import compose, initialize_config_dir
+
+    from dpsbi.experiment import ConfigError, config_dir, plan
+
+    base = ["task=conjugate_gaussian", "method=sppe", "companions=[]", "method.amortized=true"]
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        ((_, settings),) = plan(compose("config", overrides=[*base, "method.epsilon_range=[0.5,2]"])).methods
+        assert settings["amortized"] is True and list(settings["epsilon_range"]) == [0.5, 2]
+        with pytest.raises(ConfigError, match="does not hold the task's epsilon"):
+            plan(compose("config", overrides=[*base, "method.epsilon_range=[2,4]"]))
