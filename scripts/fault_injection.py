@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 
 import dpsbi
 from dpsbi.experiment.reference import reference_posterior
+from dpsbi.inference import checkpoint
 
 #: A tiny experiment: the conjugate toy has a closed-form reference, so a run is mostly process start-up.
 RUN = [
@@ -73,7 +74,7 @@ def checkpoint_trials(work: Path, rng: random.Random, flips: int, truncations: i
         )
 
     return corruption_trials(
-        work / "intact" / "checkpoint.pt", work / "damaged", resume, rng, flips, truncations
+        checkpoint.path(work / "intact"), work / "damaged", resume, rng, flips, truncations
     )
 
 

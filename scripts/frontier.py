@@ -10,12 +10,13 @@ and plain MC vs RQMC.
     python scripts/frontier.py report frontier.jsonl --figure docs/figures/frontier.png
 
 ``run`` appends one JSON line per round to ``--out`` as it goes (a killed run loses at most a round; a
-configuration and seed already complete in the file is skipped), and stops a configuration after the
-first round that ends past ``--seconds`` of fitting. ``--training`` (JSON) gives the training settings of
+configuration and seed already complete in the file is skipped), and gives each configuration the
+library's budget of ``--seconds`` (a round expected to end past it is not started). ``--training`` (JSON) gives the training settings of
 every configuration in place of ``--max-epochs`` (unnamed ones keep the library's defaults); ``--defaults``
 runs the estimator exactly as ``SPPE(task)`` / ``SPLE(task)`` builds it (its default budget and training),
 for as many rounds as the defaults have. Wall time counts simulation, training and the 2000
-draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. ``report`` prints
+draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. Rows written
+before the budget existed stopped after the first round that ended past ``--seconds``. ``report`` prints
 a markdown table (per configuration: the first time and simulation count at which C2ST <= 0.55, the best
 C2ST, and its time) and draws C2ST against time and against simulations.
 """
@@ -33,6 +34,7 @@ import torch
 import dpsbi
 from dpsbi.experiment.config import build_task
 from dpsbi.experiment.reference import reference_posterior
+from dpsbi.files import atomic_write_text
 
 #: Reference settings: those of configs/config.yaml.
 REFERENCE = dict(
@@ -135,25 +137,22 @@ def run(args: argparse.Namespace) -> None:
     )
     for seed in args.seeds:
         for settings in configs:
-            fitted = estimator(task, seed=seed, progress=False, **settings)
+            fitted = estimator(task, seed=seed, progress=False, budget=dict(seconds=args.seconds), **settings)
             if (args.method, fitted.inner_samples, fitted.qmc, label(args), seed) not in finished:
                 fit_configuration(fitted, reference.samples, seed, args)
 
 
 def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
-    """Fit the estimator ``fitted`` round by round, appending a JSON line per round; stops after ``args.seconds``."""
-    clock = {"start": time.perf_counter(), "scoring": 0.0}
-    rounds = fitted.rounds
-
-    class Enough(Exception):
-        pass
+    """Fit the estimator ``fitted`` (built with a budget of ``args.seconds``: no round is started that is
+    expected to end past it), appending a JSON line per round from its round callback; the configuration's
+    last line is then marked ``"last"``."""
+    sampling = 0.0
 
     def on_round(index: int, posterior, num_simulations: int) -> None:
-        draws = posterior.sample((DRAWS,), seed=seed)
-        elapsed = time.perf_counter() - clock["start"] - clock["scoring"]
+        nonlocal sampling
         tic = time.perf_counter()
-        c2st = dpsbi.metrics.c2st(draws.cpu(), reference, seed=0)
-        last = elapsed > args.seconds or index + 1 == rounds
+        draws = posterior.sample((DRAWS,), seed=seed)
+        sampling += time.perf_counter() - tic
         row = {
             "task": args.task,
             "epsilon": args.epsilon,
@@ -165,23 +164,20 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
             "seed": seed,
             "round": index + 1,
             "num_simulations": num_simulations,
-            "seconds": round(elapsed, 2),
-            "c2st": round(c2st, 4),
+            "seconds": round(sum(entry["seconds"] for entry in fitted.history) + sampling, 2),
+            "c2st": round(dpsbi.metrics.c2st(draws.cpu(), reference, seed=0), 4),
             "steps": fitted.history[-1]["steps"],
-            "last": last,
+            "last": False,
         }
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
-        clock["scoring"] += time.perf_counter() - tic
-        if last:
-            raise Enough
 
     fitted.on_round_end = on_round
-    try:
-        fitted.run()
-    except Enough:
-        pass
+    fitted.run()
+    lines = args.out.read_text().splitlines()  # this process appended the configuration's rows last
+    lines[-1] = json.dumps({**json.loads(lines[-1]), "last": True})
+    atomic_write_text(args.out, "\n".join(lines) + "\n")
 
 
 def report(args: argparse.Namespace) -> None:
@@ -252,7 +248,7 @@ def plot(groups: dict, path: Path) -> None:
     print(f"figure: {path}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     r = commands.add_parser("run")
@@ -272,7 +268,7 @@ def main() -> None:
     r.add_argument("--sims-per-round", type=int, default=1000)
     r.add_argument("--max-epochs", type=int, default=20)
     r.add_argument(
-        "--seconds", type=float, default=600, help="stop a configuration after the round that ends past this"
+        "--seconds", type=float, default=600, help="each configuration's budget of fitting seconds"
     )
     r.add_argument(
         "--training",
@@ -289,7 +285,7 @@ def main() -> None:
     p = commands.add_parser("report")
     p.add_argument("files", nargs="+")
     p.add_argument("--figure", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     run(args) if args.command == "run" else report(args)
 
 
