@@ -70,7 +70,7 @@ def write_rows(stem: Path, rows: list[dict]) -> None:
 def write_json(path: Path, value) -> None:
     """Write ``value`` (dicts, lists, numbers, strings; tensors as lists) as indented JSON to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(value, indent=2, default=_jsonable))
+    atomic_write_text(path, json.dumps(value, indent=2, default=_json_default))
 
 
 def read_json(path: Path):
@@ -83,7 +83,7 @@ def read_rows(path: Path) -> list[dict]:
     return read_json(Path(path).with_suffix(".json"))
 
 
-def _jsonable(value):
+def _json_default(value):
     return value.tolist() if isinstance(value, Tensor) else str(value)
 
 

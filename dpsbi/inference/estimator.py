@@ -28,7 +28,8 @@ from . import checkpoint
 from .flows import ConditionalFlow, FlowConfig
 from .losses import with_log_epsilon
 from .parameters import ParameterSpace
-from .posterior import Posterior, _task_spec
+from .posterior import Posterior
+from .posterior_file import task_spec
 from .seeding import derive_seed
 from .settings import Settings
 from .training import Loss, TrainingSettings, fit_flow
@@ -588,7 +589,7 @@ class SequentialEstimator(abc.ABC):
     def fingerprint(self) -> dict:
         """Everything that determines the run's result (JSON-able); a checkpoint must match it to resume.
         The simulator cannot be written down: :meth:`_check_simulator` re-simulates stored rows instead."""
-        task = {**identity(self.task), "spec": _task_spec(self.task)}
+        task = {**identity(self.task), "spec": task_spec(self.task)}
         task["y_obs"] = None if self.task.y_obs is None else self.task.y_obs.tolist()
         return {
             "method": self.method,

@@ -1,19 +1,10 @@
-"""Trained posteriors: sampling, densities, and a safe file format (state_dict + JSON metadata).
-
-A posterior file (format version 2) is a sealed ``torch.save`` dict (:func:`dpsbi.files.save_sealed`: its
-content carries a SHA-256 checksum) holding the flow's ``state_dict`` and JSON metadata, among which the
-identity of the task's model (:func:`dpsbi.tasks.identity.identity`) and the release set by
-``set_default_x``, if any (an optional key: files without it load as before), and for a posterior trained over
-a range of epsilons that range (``options.epsilon_range``; absent otherwise). Loading refuses, with a ``ValueError``
-naming the file, anything damaged, of another format version, with non-finite weights, or made for another
-model than the task it is loaded with.
-"""
+"""Trained posteriors: sampling and densities at releases, saved to and rebuilt from a posterior file
+(its format: :mod:`dpsbi.inference.posterior_file`)."""
 
 from __future__ import annotations
 
 import abc
 import contextlib
-import json
 import math
 import os
 import warnings
@@ -24,21 +15,17 @@ import torch
 from torch import Tensor
 
 from .. import tasks
-from ..files import CorruptFileError, load_sealed, save_sealed
 from ..mechanisms.epsilon import epsilons, nominal_epsilon
 from ..qmc import cell_points
 from ..tasks import Task
-from ..tasks.identity import differences, identity
+from ..tasks.identity import identity
+from . import posterior_file
 from .flows import ConditionalFlow, FlowConfig
 from .losses import dequantized, with_log_epsilon
 from .mcmc import MCMCConfig, resample_init, slice_sample
 from .parameters import ParameterSpace
 from .seeding import draw_seed, make_generator
 
-FORMAT = "dpsbi-posterior"
-VERSION = 2
-#: What a posterior file is called in messages.
-WHAT = "dpsbi posterior file"
 #: Most rows per flow call when sampling or evaluating densities (a flow call takes ~1.3 KB per row).
 CHUNK_ROWS = 100_000
 
@@ -396,7 +383,7 @@ class Posterior(abc.ABC):
         return {
             "kind": self.kind,
             "method": self.method,
-            "task": _task_spec(self.task),
+            "task": posterior_file.task_spec(self.task),
             "identity": identity(self.task),
             "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
             "default_x": None if self._default_x is None else self._default_x.tolist(),
@@ -413,11 +400,7 @@ class Posterior(abc.ABC):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the flow's ``state_dict`` and JSON metadata (no pickled objects) to ``path``, sealed with a checksum."""
-        state = {k: v.detach().cpu() for k, v in self.flow.state_dict().items()}
-        save_sealed(
-            {"format": FORMAT, "version": VERSION, "meta": json.dumps(self.metadata()), "state_dict": state},
-            path,
-        )
+        posterior_file.write(path, self.metadata(), self.flow.state_dict())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, task={self.task.name!r}, device={self.device})"
@@ -609,91 +592,6 @@ def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> 
     return torch.cat([fn(chunk) for chunk in rows.split(max(1, CHUNK_ROWS // width))])
 
 
-def _jsonable(value):
-    """Task keyword arguments as JSON values (tensors and tuples become lists)."""
-    if torch.is_tensor(value):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise ValueError(
-        f"cannot record task argument {value!r} of type {type(value).__name__} in a posterior file"
-    )
-
-
-def _task_spec(task: Task) -> dict | None:
-    spec = task.spec
-    return None if spec is None else {"name": spec["name"], "kwargs": _jsonable(spec["kwargs"])}
-
-
-def _read(path: str | os.PathLike, device: torch.device) -> tuple[dict, dict]:
-    """Metadata and state_dict of a posterior file, or a ``ValueError`` saying why it is refused."""
-    try:
-        payload = load_sealed(path, WHAT, map_location=device)
-    except CorruptFileError:
-        version = _unsealed_version(path, device)
-        if version is not None:  # files before version 2 carry no checksum: say so rather than "corrupt"
-            _check_version(path, version)
-        raise
-    if payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a dpsbi posterior file (no {FORMAT!r} marker); refusing to load it")
-    _check_version(path, payload.get("version"))
-    try:
-        meta = json.loads(payload["meta"])
-        state = dict(payload["state_dict"])
-        if meta["kind"] not in _KINDS:
-            raise ValueError(f"unknown posterior kind {meta['kind']!r}")
-        if not isinstance(meta["identity"], dict):
-            raise ValueError("no task identity recorded")
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{path} is a damaged dpsbi posterior file ({error})") from None
-    _check_finite(path, state)
-    return meta, state
-
-
-def _unsealed_version(path: str | os.PathLike, device: torch.device) -> object:
-    """The format version recorded in a posterior file that has no valid checksum, or ``None`` if it cannot
-    be read or is not a posterior file."""
-    try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-    except Exception:  # unreadable: load_sealed's message says why
-        return None
-    return payload.get("version") if isinstance(payload, dict) and payload.get("format") == FORMAT else None
-
-
-def _check_version(path: str | os.PathLike, version: object) -> None:
-    """Refuse a posterior file of another format ``version`` than :data:`VERSION`."""
-    if version != VERSION:
-        raise ValueError(
-            f"{path} has posterior format version {version!r}; this dpsbi reads version {VERSION} only "
-            "(sealed with a checksum and the task's identity): train and save the posterior again"
-        )
-
-
-def _check_finite(path: str | os.PathLike, state: dict) -> None:
-    """Refuse a state_dict with a NaN or inf in any floating-point tensor, naming the tensor."""
-    for name, value in state.items():
-        if torch.is_tensor(value) and value.is_floating_point():
-            bad = int((~torch.isfinite(value)).sum())
-            if bad:
-                raise ValueError(
-                    f"{path}: stored tensor {name!r} holds {bad} NaN/inf values (a diverged flow); refusing it"
-                )
-
-
-def _check_identity(path: str | os.PathLike, stored: dict, task: Task, which: str) -> None:
-    """Refuse ``task`` if its model differs from the one the posterior at ``path`` was trained for (``stored``)."""
-    found = differences(stored, identity(task))
-    if found:
-        raise ValueError(
-            f"{path} was trained for another model than {which}; refusing it. Differences (stored vs now): "
-            + "; ".join(found)
-        )
-
-
 def load_posterior(
     path: str | os.PathLike, device: torch.device | str | None = None, task: Task | None = None
 ) -> Posterior:
@@ -703,7 +601,7 @@ def load_posterior(
     given; either way its model must match the one recorded in the file, or a ``ValueError`` names every
     differing field. A release set by ``set_default_x`` before saving is the default again."""
     device = torch.device(device) if device is not None else torch.get_default_device()
-    meta, state = _read(path, device)
+    meta, state = posterior_file.read(path, device, _KINDS)
     which = "the given task"
     if task is None:
         if meta["task"] is None:
@@ -712,7 +610,7 @@ def load_posterior(
             )
         task = tasks.load(meta["task"]["name"], **meta["task"]["kwargs"])
         which = "the task as dpsbi.tasks.load builds it now"
-    _check_identity(path, meta["identity"], task, which)
+    posterior_file.check_identity(path, meta["identity"], task, which)
     if meta["y_obs"] is not None:
         task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
     spec = meta["flow"]
