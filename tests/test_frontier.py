@@ -8,7 +8,17 @@ import frontier  # scripts/ is on the tests' path (pyproject.toml)
 
 def test_frontier_rows_come_from_the_round_callback_and_end_marked(tmp_path, capsys):
     out = tmp_path / "frontier.jsonl"
-    command = ["run", "--task", "conjugate_gaussian", "--epsilon", "1", "--method", "sppe", "--configs", "1:mc"]
+    command = [
+        "run",
+        "--task",
+        "conjugate_gaussian",
+        "--epsilon",
+        "1",
+        "--method",
+        "sppe",
+        "--configs",
+        "1:mc",
+    ]
     command += ["--rounds", "2", "--sims-per-round", "100", "--max-epochs", "1", "--out", str(out)]
     frontier.main(command)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
