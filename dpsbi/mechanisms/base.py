@@ -93,7 +93,7 @@ class Mechanism(abc.ABC):
         if not self.has_log_prob:
             raise IntractableLikelihood(
                 f"{method} evaluates the likelihood eta(y | s) of {self!r}, which is intractable; "
-                "use a simulation-based method (SPPE, SMC-ABC)"
+                "use a simulation-based method (SPPE; SPLE for lattice releases; smc_abc with kernel='euclidean')"
             )
 
     def require_likelihood_flow(self, method: str) -> None:

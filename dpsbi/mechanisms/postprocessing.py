@@ -354,7 +354,7 @@ class PostProcessed(Mechanism):
         if problem is not None:
             raise IntractableLikelihood(
                 f"{method} needs the likelihood eta(y | s) of {self!r}, but {problem}; "
-                "use a simulation-based method (SPPE, SMC-ABC)"
+                "use a simulation-based method (SPPE; SPLE for lattice releases; smc_abc with kernel='euclidean')"
             )
 
     def require_likelihood_flow(self, method: str) -> None:
