@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 SCRIPT = """
+import torch
 import dpsbi
+torch.set_num_threads(1)  # small flows; two threads on a shared, busy machine wait on each other (20x slower)
 task = dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0)
 posterior = dpsbi.SPPE(task, rounds=2, sims_per_round=200, training=dict(max_steps=20)).run()
 posterior.sample((100,), seed=0)
