@@ -1,9 +1,11 @@
-"""Conditional neural spline flows (sbi's NSF builder on nflows) with z-scoring of inputs and context."""
+"""Conditional neural spline flows (sbi's NSF builder on nflows) with z-scoring of inputs and context, and an
+optional embedding network for the context (:class:`FlowConfig` ``embedding``)."""
 
 from __future__ import annotations
 
+import copy
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
@@ -17,10 +19,46 @@ from .settings import Settings
 warnings.filterwarnings("ignore", r"torch\.triangular_solve is deprecated", module=r"nflows\.transforms\.lu")
 
 
+def _mlp(context_dim: int) -> nn.Module:
+    """``"mlp"``: sbi's ``FCEmbedding``, the z-scored context through two hidden layers of 100 ReLU units to 20
+    features (ReLU)."""
+    from sbi.neural_nets.embedding_nets import FCEmbedding
+
+    return FCEmbedding(context_dim, output_dim=20, num_layers=3, num_hiddens=100)
+
+
+#: The named embeddings: ``name -> build(context_dim)``; a name is what posterior files and checkpoints record.
+EMBEDDINGS = {"mlp": _mlp}
+
+
+def describe_embedding(embedding: str | nn.Module | None) -> str | dict | None:
+    """An embedding as JSON: ``None``, its name, or for a module ``{"module": class path, "architecture": repr}``
+    (a description only: a module's constructor arguments are not known, so it cannot be rebuilt from it)."""
+    if embedding is None or isinstance(embedding, str):
+        return embedding
+    kind = type(embedding)
+    return {"module": f"{kind.__module__}.{kind.__qualname__}", "architecture": repr(embedding)}
+
+
 @dataclass(frozen=True)
 class FlowConfig(Settings):
     """Architecture of a conditional neural spline flow; the defaults are the paper's: 8 coupling
-    transforms, each conditioned by a residual net of 2 blocks of 50 ReLU units, 10 bins, tail bound 5."""
+    transforms, each conditioned by a residual net of 2 blocks of 50 ReLU units, 10 bins, tail bound 5.
+
+    ``embedding`` maps the flow's z-scored context to the features every coupling transform is conditioned on:
+    ``None`` (the z-scored context itself, as before), a name in :data:`EMBEDDINGS` (``"mlp"``: two hidden
+    layers of 100 ReLU units to 20 features, sbi's ``FCEmbedding``), or any ``nn.Module`` taking
+    ``(n, context_dim)`` to ``(n, features)``, e.g. one of sbi's embedding nets (each flow built from the config
+    gets its own deep copy, trained with the flow). The context is the release for SPPE and NaiveNPE, where
+    a many-cell release is what the embedding compresses; for SPLE it is the parameter (the release is the
+    flow's input), so an embedding there only reshapes theta and does not address a high-dimensional release.
+    The embedding is computed once per distinct context, before the broadcasting that pairs it with atoms.
+
+    Saving: a name is recorded in posterior files and checkpoint fingerprints and rebuilds the same network
+    (weights from the file). A module is recorded by class path and architecture only (:func:`describe_embedding`):
+    a checkpoint resumes when the same module is passed again, but a saved posterior file cannot be loaded
+    without it, and ``load_posterior`` refuses such a file in one line naming the class; save a flow with a
+    named embedding to reload it from the file alone."""
 
     label: ClassVar[str] = "flow"
     transforms: int = 8
@@ -28,6 +66,7 @@ class FlowConfig(Settings):
     blocks: int = 2
     bins: int = 10
     tail_bound: float = 5.0
+    embedding: str | nn.Module | None = None
 
     def __post_init__(self) -> None:
         for name in ("transforms", "hidden", "blocks", "bins"):
@@ -35,6 +74,33 @@ class FlowConfig(Settings):
                 raise ValueError(f"flow {name} must be a positive integer, got {getattr(self, name)}")
         if not self.tail_bound > 0:
             raise ValueError(f"flow tail_bound must be > 0, got {self.tail_bound}")
+        embedding = self.embedding
+        if isinstance(embedding, dict) and "module" in embedding:
+            raise ValueError(
+                f"this flow's embedding was a user module ({embedding['module']}), recorded by class and architecture "
+                "only: a file cannot rebuild it; rebuild the estimator with the module, or train with a named embedding "
+                f"({', '.join(EMBEDDINGS)}) to save and load"
+            )
+        if isinstance(embedding, str) and embedding not in EMBEDDINGS:
+            raise ValueError(f"unknown flow embedding {embedding!r}; named embeddings: {sorted(EMBEDDINGS)}")
+        if not (embedding is None or isinstance(embedding, (str, nn.Module))):
+            raise TypeError(
+                f"flow embedding must be None, a name in {sorted(EMBEDDINGS)} or an nn.Module, got {type(embedding).__name__}"
+            )
+
+    def to_dict(self) -> dict:
+        """The settings as JSON values (an embedding module as its description, :func:`describe_embedding`)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["embedding"] = describe_embedding(self.embedding)
+        return out
+
+    def embedding_net(self, context_dim: int) -> nn.Module:
+        """A fresh embedding network for a context of ``context_dim`` (``nn.Identity`` without one)."""
+        if self.embedding is None:
+            return nn.Identity()
+        if isinstance(self.embedding, str):
+            return EMBEDDINGS[self.embedding](context_dim)
+        return copy.deepcopy(self.embedding)
 
 
 class ConditionalFlow(nn.Module):
@@ -55,17 +121,28 @@ class ConditionalFlow(nn.Module):
             )
         self.config = config
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
-        self.net = build_nsf(
-            inputs,
-            context,
-            z_score_x="independent",
-            z_score_y="independent",
-            hidden_features=config.hidden,
-            num_transforms=config.transforms,
-            num_bins=config.bins,
-            tail_bound=float(config.tail_bound),
-            num_blocks=config.blocks,
-        ).net
+        embedding = config.embedding_net(self.context_dim)
+        try:
+            self.net = build_nsf(
+                inputs,
+                context,
+                z_score_x="independent",
+                z_score_y="independent",
+                hidden_features=config.hidden,
+                num_transforms=config.transforms,
+                num_bins=config.bins,
+                tail_bound=float(config.tail_bound),
+                num_blocks=config.blocks,
+                embedding_net=embedding,
+            ).net
+        except (RuntimeError, ValueError, TypeError) as error:
+            if config.embedding is None:
+                raise
+            name = config.embedding if isinstance(config.embedding, str) else type(config.embedding).__name__
+            raise ValueError(
+                f"flow embedding {name} does not map the flow's context "
+                f"(n, {self.context_dim}) to (n, features): {error}"
+            ) from None
 
     @classmethod
     def blank(cls, config: FlowConfig, dim: int, context_dim: int) -> ConditionalFlow:
@@ -76,23 +153,28 @@ class ConditionalFlow(nn.Module):
     def log_prob(self, x: Tensor, context: Tensor) -> Tensor:
         """``log q(x | c)`` for ``x (..., dim)`` and ``context (..., context_dim)`` whose batch shapes
         broadcast; returns the broadcast batch shape."""
-        x, context, batch = self._broadcast(x, context)
-        return self.net.log_prob(x, context=context).reshape(batch)
+        x, embedded, batch = self._broadcast(x, context)
+        noise, log_det = self.net._transform(x, context=embedded)
+        return (self.net._distribution.log_prob(noise, context=embedded) + log_det).reshape(batch)
 
     def sample(self, noise: Tensor, context: Tensor) -> Tensor:
         """The deterministic map from base noise ``(..., dim)`` (standard normal draws) to samples of
         ``q(. | c)``, for ``context (..., context_dim)`` broadcasting with it."""
-        noise, context, batch = self._broadcast(noise, context)
-        x, _ = self.net._transform.inverse(noise, context=self.net._embedding_net(context))
+        noise, embedded, batch = self._broadcast(noise, context)
+        x, _ = self.net._transform.inverse(noise, context=embedded)
         return x.reshape(batch + (self.dim,))
 
     def _broadcast(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor, torch.Size]:
+        """``x`` and the embedded context (z-scoring, then the embedding, applied once per row of ``context``
+        before broadcasting) flattened to the broadcast batch, and that batch shape."""
         if x.shape[-1] != self.dim or context.shape[-1] != self.context_dim:
             raise ValueError(
                 f"flow expects inputs (..., {self.dim}) and context (..., {self.context_dim}), "
                 f"got {tuple(x.shape)} and {tuple(context.shape)}"
             )
         batch = torch.broadcast_shapes(x.shape[:-1], context.shape[:-1])
+        embedded = self.net._embedding_net(context.to(x.dtype).reshape(-1, self.context_dim))
+        embedded = embedded.reshape(context.shape[:-1] + embedded.shape[-1:])
         x = x.expand(batch + (self.dim,)).reshape(-1, self.dim)
-        context = context.to(x.dtype).expand(batch + (self.context_dim,)).reshape(-1, self.context_dim)
-        return x, context, batch
+        embedded = embedded.expand(batch + embedded.shape[-1:]).reshape(-1, embedded.shape[-1])
+        return x, embedded, batch

@@ -55,6 +55,7 @@ def full_kwargs(task: Task) -> dict:
 
 from . import (  # noqa: E402,F401  (registration)
     binary_responses,
+    census,
     conjugate_gaussian,
     factory,
     naive_bayes,
