@@ -127,12 +127,15 @@ def parameter_names(task, dim: int | None = None) -> list[str]:
     return names if len(names) == dim and len(set(names)) == dim else [f"theta[{i}]" for i in range(dim)]
 
 
-def simulate_releases(task, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """Releases ``(..., dim_s)`` simulated from draws ``theta (..., dim_theta)``: ``task.simulate`` then
-    ``task.mechanism.sample``, one release per draw, on the prior's device."""
+def simulate_releases(
+    task, theta: Tensor, generator: torch.Generator | None = None, epsilon: float | None = None
+) -> Tensor:
+    """Releases ``(..., dim_s)`` simulated from draws ``theta (..., dim_theta)``: ``task.simulate`` then the
+    task's mechanism (re-calibrated at ``epsilon`` when given), one release per draw, on the prior's device."""
     device = task.prior.mean.device
     flat = theta.reshape(-1, theta.shape[-1]).to(device, torch.get_default_dtype())
-    releases = task.simulate_release(flat, generator=generator)
+    mechanism = task.mechanism if epsilon is None else task.mechanism.with_epsilon(epsilon)
+    releases = mechanism.sample(task.simulate(flat, generator), generator=generator)
     return releases.reshape(theta.shape[:-1] + (releases.shape[-1],))
 
 
@@ -206,33 +209,38 @@ def posterior_inference_data(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     predictive: bool = False,
+    epsilon: float | None = None,
 ):
     """``arviz.InferenceData`` of ``posterior`` (a :class:`~dpsbi.inference.posterior.Posterior`) at release
-    ``y`` (default: its default release); see ``Posterior.to_arviz``."""
+    ``y`` (default: its default release) and ``epsilon`` (default: its default epsilon); see
+    ``Posterior.to_arviz``."""
     task = posterior.task
     if hasattr(posterior, "sample_chains"):  # an MCMC posterior (SPLE): its chains, as the sampler ran them
         chains_count = posterior.mcmc.num_chains
         num_samples = DRAWS_PER_CHAIN * chains_count if num_samples is None else int(num_samples)
-        chains = posterior.sample_chains(num_samples, y=y, generator=generator, seed=seed)
+        chains = posterior.sample_chains(num_samples, y=y, generator=generator, seed=seed, epsilon=epsilon)
         sampler = {"sampler": f"mcmc:{posterior.mcmc.method}", "num_chains": chains_count}
     else:  # independent draws of a flow: one chain
         num_samples = 4000 if num_samples is None else int(num_samples)
-        chains = posterior.sample((num_samples,), y=y, generator=generator, seed=seed)[None]
+        chains = posterior.sample((num_samples,), y=y, generator=generator, seed=seed, epsilon=epsilon)[None]
         sampler = {"sampler": "flow", "num_chains": 1}
     with warnings.catch_warnings():  # a caveat about the release was given while sampling
         warnings.simplefilter("ignore")
         y_checked = posterior._releases(y, single=True)
     settings = {"kind": posterior.kind, **posterior.options(), "flow": posterior.flow.config.to_dict()}
+    used = posterior._epsilons(epsilon, 1)  # None: the posterior knows the task's epsilon only
+    epsilon = float(task.epsilon) if used is None else float(used[0])
     releases = None
     if predictive:
-        releases = simulate_releases(task, chains, _predictive_generator(seed, generator))
+        at = None if used is None else epsilon
+        releases = simulate_releases(task, chains, _predictive_generator(seed, generator), at)
     return inference_data(
         chains.cpu(),
         parameter_names(task, chains.shape[-1]),
         attrs={
             "method": posterior.method,
             "task": task.name,
-            "epsilon": float(task.epsilon),
+            "epsilon": epsilon,
             "release": _flat_release(y_checked),
             "settings": json.dumps(settings, default=str),
             "seed": seed,

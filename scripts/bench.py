@@ -28,7 +28,7 @@ import numba
 import torch
 
 import dpsbi
-from dpsbi.inference import SPLE, SPPE, ConditionalFlow, FlowConfig
+from dpsbi.inference import SPLE, SPPE, ConditionalFlow, FlowSettings
 from dpsbi.inference.losses import inner_releases, sple_loss, sppe_loss
 from dpsbi.inference.parameters import ParameterSpace
 
@@ -87,7 +87,7 @@ def step_time(
     s = task.simulate(theta).to(device)
     z = task.transform.inv(theta).to(device)
     y = task.release(s)
-    flow = ConditionalFlow(FlowConfig(), *((z, y) if method == "SPPE" else (y, z))).to(device)
+    flow = ConditionalFlow(FlowSettings(), *((z, y) if method == "SPPE" else (y, z))).to(device)
     optimizer = torch.optim.Adam(flow.parameters(), lr=5e-4)
     log_prior = ParameterSpace(task).log_prior_z(z)
     generator = torch.Generator(device).manual_seed(0)

@@ -13,7 +13,7 @@ import time
 import torch
 
 import dpsbi
-from dpsbi.inference import ConditionalFlow, FlowConfig
+from dpsbi.inference import ConditionalFlow, FlowSettings
 from dpsbi.inference.losses import sple_loss, sppe_loss
 from dpsbi.inference.parameters import ParameterSpace
 
@@ -31,7 +31,7 @@ def main() -> None:
     for method in ("SPPE", "SPLE"):
         for compiled in (False, True):
             torch.manual_seed(0)
-            flow = ConditionalFlow(FlowConfig(), *((z, y) if method == "SPPE" else (y, z)))
+            flow = ConditionalFlow(FlowSettings(), *((z, y) if method == "SPPE" else (y, z)))
             if compiled:
                 flow.net.log_prob = torch.compile(flow.net.log_prob)
             optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)

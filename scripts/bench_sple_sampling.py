@@ -28,15 +28,15 @@ import torch
 
 import dpsbi
 from dpsbi.inference import posterior as posterior_module
-from dpsbi.inference.mcmc import MCMCConfig, slice_sample
+from dpsbi.inference.mcmc import MCMCSettings, slice_sample
 from dpsbi.inference.posterior import LikelihoodPosterior, load_posterior
 from dpsbi.metrics import c2st
 
 SAMPLERS = {
-    "old: slice_np_vectorized": MCMCConfig(method="slice_np_vectorized", num_chains=100, thin=2, warmup=50),
-    "new: elliptical_slice (default)": MCMCConfig(),
+    "old: slice_np_vectorized": MCMCSettings(method="slice_np_vectorized", num_chains=100, thin=2, warmup=50),
+    "new: elliptical_slice (default)": MCMCSettings(),
 }
-REFERENCE = MCMCConfig(method="slice_np_vectorized", num_chains=100, thin=10, warmup=200)
+REFERENCE = MCMCSettings(method="slice_np_vectorized", num_chains=100, thin=10, warmup=200)
 
 
 def trained_posterior(path: Path, retrain: bool) -> LikelihoodPosterior:
@@ -53,7 +53,7 @@ def trained_posterior(path: Path, retrain: bool) -> LikelihoodPosterior:
     return posterior
 
 
-def with_config(posterior: LikelihoodPosterior, config: MCMCConfig) -> LikelihoodPosterior:
+def with_config(posterior: LikelihoodPosterior, config: MCMCSettings) -> LikelihoodPosterior:
     return LikelihoodPosterior(posterior.task, posterior.flow, posterior.method, config)
 
 

@@ -15,7 +15,10 @@ library's budget of ``--seconds`` (a round expected to end past it is not starte
 every configuration in place of ``--max-epochs`` (unnamed ones keep the library's defaults); ``--defaults``
 runs the estimator exactly as ``SPPE(task)`` / ``SPLE(task)`` builds it (its default budget and training),
 for as many rounds as the defaults have. Wall time counts simulation, training and the 2000
-draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. Rows written
+draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. Each row also holds
+``change``: the statistic of ``stop_when_stable`` between that round and the previous one (not timed), so that
+the rule's tolerance can be read off the same fits, and ``sd`` / ``width95``: each parameter's posterior sd and
+central 95 % interval width from the scored draws (scripts/privacy_utility.py reads them). Rows written
 before the budget existed stopped after the first round that ended past ``--seconds``. ``report`` prints
 a markdown table (per configuration: the first time and simulation count at which C2ST <= 0.55, the best
 C2ST, and its time) and draws C2ST against time and against simulations.
@@ -142,17 +145,30 @@ def run(args: argparse.Namespace) -> None:
                 fit_configuration(fitted, reference.samples, seed, args)
 
 
+def spread(draws: torch.Tensor) -> dict:
+    """Each parameter's posterior sd and central 95 % interval width, from ``draws (n, dim)``."""
+    low, high = torch.quantile(draws.double(), torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
+    return {
+        "sd": [round(v, 5) for v in draws.double().std(0).tolist()],
+        "width95": [round(v, 5) for v in (high - low).tolist()],
+    }
+
+
 def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
     """Fit the estimator ``fitted`` (built with a budget of ``args.seconds``: no round is started that is
     expected to end past it), appending a JSON line per round from its round callback; the configuration's
     last line is then marked ``"last"``."""
-    sampling = 0.0
+    sampling, summary = 0.0, None
 
     def on_round(index: int, posterior, num_simulations: int) -> None:
-        nonlocal sampling
+        nonlocal sampling, summary
         tic = time.perf_counter()
         draws = posterior.sample((DRAWS,), seed=seed)
         sampling += time.perf_counter() - tic
+        before, summary = (
+            summary,
+            fitted.stability_summary(posterior),
+        )  # the stop rule's statistic (not timed)
         row = {
             "task": args.task,
             "epsilon": args.epsilon,
@@ -167,6 +183,8 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
             "seconds": round(sum(entry["seconds"] for entry in fitted.history) + sampling, 2),
             "c2st": round(dpsbi.metrics.c2st(draws.cpu(), reference, seed=0), 4),
             "steps": fitted.history[-1]["steps"],
+            "change": None if before is None else round(fitted.stability_change(before, summary), 4),
+            **spread(draws.cpu()),
             "last": False,
         }
         with args.out.open("a") as f:

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import dpsbi  # noqa: E402
-from dpsbi.inference import SPLE, SPPE, ConditionalFlow, FlowConfig  # noqa: E402
+from dpsbi.inference import SPLE, SPPE, ConditionalFlow, FlowSettings  # noqa: E402
 from dpsbi.inference.losses import loss_estimates, sple_loss, sppe_loss  # noqa: E402
 
 LOSSES = {"SPPE": (SPPE, sppe_loss), "SPLE": (SPLE, sple_loss)}
@@ -50,7 +50,7 @@ def fixed_flow(task, method: str, epochs: int, sims: int, seed: int, progress: b
     torch.manual_seed(seed)
     theta = task.prior.sample((sims,))
     z, y = task.transform.inv(theta), task.release(task.simulate(theta))
-    return ConditionalFlow(FlowConfig(), *((z, y) if method == "SPPE" else (y, z))).eval()
+    return ConditionalFlow(FlowSettings(), *((z, y) if method == "SPPE" else (y, z))).eval()
 
 
 def study(task, flow, loss, pairs: int, repeats: int, ms: list[int], seed: int) -> dict:

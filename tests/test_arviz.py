@@ -18,7 +18,7 @@ from dpsbi.baselines import abc_is, pmmh
 from dpsbi.experiment import methods, run_experiment
 from dpsbi.experiment.outputs import format_table
 from dpsbi.experiment.plots import ppc_plot
-from dpsbi.inference import FlowConfig, FlowPosterior
+from dpsbi.inference import FlowSettings, FlowPosterior
 from dpsbi.inference.flows import ConditionalFlow
 
 matplotlib.use("Agg")
@@ -148,7 +148,7 @@ def test_sample_chains_are_the_chains_behind_sample(sple):
 
 def test_a_flow_posterior_is_one_chain_of_independent_draws(task):
     torch.manual_seed(0)
-    flow = ConditionalFlow(FlowConfig(**TINY_FLOW), torch.randn(50, 2), torch.randn(50, 2))
+    flow = ConditionalFlow(FlowSettings(**TINY_FLOW), torch.randn(50, 2), torch.randn(50, 2))
     posterior = FlowPosterior(task, flow, "SPPE", amortized=True)
     data = posterior.to_arviz(300, seed=1)
     assert dict(data.posterior.sizes) == {"chain": 1, "draw": 300}

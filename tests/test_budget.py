@@ -100,7 +100,7 @@ def test_the_stability_statistic_of_one_posterior_with_itself_is_zero(task):
     """The draws are taken under a fixed seed: the same flow gives the same draws, a change of exactly zero."""
     estimator = dpsbi.SPPE(task, rounds=1, sims_per_round=100, stop_when_stable=0.1, **TINY)
     posterior = estimator.run()
-    summary = estimator._stability_summary(posterior)
+    summary = estimator.stability_summary(posterior)
     assert summary.shape == (2, 2) and estimator.stability_change(summary, summary) == 0.0
     shifted = summary.clone()
     shifted[0, 1] += 0.5 * summary[1, 1]  # half an sd on the second parameter

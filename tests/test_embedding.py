@@ -1,4 +1,4 @@
-"""Embedding networks for the flows' conditioning input (``FlowConfig(embedding=...)``): a named default and sbi's
+"""Embedding networks for the flows' conditioning input (``FlowSettings(embedding=...)``): a named default and sbi's
 embedding nets with SPPE, densities unchanged by embedding the context before broadcasting, and what saving
 and checkpointing do with each."""
 
@@ -9,7 +9,7 @@ import torch
 from sbi.neural_nets.embedding_nets import FCEmbedding
 
 import dpsbi
-from dpsbi.inference import ConditionalFlow, FlowConfig, load_posterior
+from dpsbi.inference import ConditionalFlow, FlowSettings, load_posterior
 
 TINY = dict(sims_per_round=100, training=dict(max_steps=5), progress=False)
 
@@ -28,7 +28,7 @@ def _flow(config, dim=3, context_dim=10, seed=0):
     "embedding", [None, "mlp", FCEmbedding(10, output_dim=6, num_layers=2, num_hiddens=16)]
 )
 def test_densities_and_samples_are_nflows_own_with_the_context_embedded_once(embedding):
-    flow = _flow(FlowConfig(transforms=2, hidden=8, embedding=embedding))
+    flow = _flow(FlowSettings(transforms=2, hidden=8, embedding=embedding))
     with torch.no_grad():
         for p in flow.parameters():
             p.add_(0.1 * torch.randn(p.shape))
@@ -43,10 +43,10 @@ def test_densities_and_samples_are_nflows_own_with_the_context_embedded_once(emb
 
 
 def test_named_and_module_embeddings_are_part_of_the_flow():
-    plain = _flow(FlowConfig(transforms=2, hidden=8))
-    named = _flow(FlowConfig(transforms=2, hidden=8, embedding="mlp"))
+    plain = _flow(FlowSettings(transforms=2, hidden=8))
+    named = _flow(FlowSettings(transforms=2, hidden=8, embedding="mlp"))
     module = FCEmbedding(10, output_dim=6, num_layers=2, num_hiddens=16)
-    config = FlowConfig(transforms=2, hidden=8, embedding=module)
+    config = FlowSettings(transforms=2, hidden=8, embedding=module)
     one, two = _flow(config), _flow(config)
     count = lambda f: sum(p.numel() for p in f.parameters())  # noqa: E731
     assert count(named) > count(plain) + 10 * 100  # the MLP's first layer alone
@@ -61,21 +61,21 @@ def test_named_and_module_embeddings_are_part_of_the_flow():
 
 
 def test_settings_as_json_and_refusals():
-    assert FlowConfig.coerce(json.loads(json.dumps(FlowConfig(embedding="mlp").to_dict()))) == FlowConfig(
-        embedding="mlp"
-    )
-    assert FlowConfig().to_dict()["embedding"] is None
-    described = FlowConfig(embedding=FCEmbedding(10)).to_dict()["embedding"]
+    assert FlowSettings.coerce(
+        json.loads(json.dumps(FlowSettings(embedding="mlp").to_dict()))
+    ) == FlowSettings(embedding="mlp")
+    assert FlowSettings().to_dict()["embedding"] is None
+    described = FlowSettings(embedding=FCEmbedding(10)).to_dict()["embedding"]
     assert described["module"] == "sbi.neural_nets.embedding_nets.fully_connected.FCEmbedding"
     assert "Linear(in_features=10" in described["architecture"]
     with pytest.raises(ValueError, match="user module .*FCEmbedding.*named embedding"):
-        FlowConfig.coerce({"embedding": described})
+        FlowSettings.coerce({"embedding": described})
     with pytest.raises(ValueError, match="unknown flow embedding 'cnn'"):
-        FlowConfig(embedding="cnn")
+        FlowSettings(embedding="cnn")
     with pytest.raises(TypeError, match="nn.Module"):
-        FlowConfig(embedding=3)
+        FlowSettings(embedding=3)
     with pytest.raises(ValueError, match=r"does not map the flow's context \(n, 10\)"):
-        _flow(FlowConfig(embedding=FCEmbedding(7)))
+        _flow(FlowSettings(embedding=FCEmbedding(7)))
 
 
 @pytest.mark.parametrize("embedding", ["mlp", "module"])

@@ -8,7 +8,7 @@ import torch
 from torch.distributions import Normal
 
 import dpsbi
-from dpsbi.inference.flows import ConditionalFlow, FlowConfig
+from dpsbi.inference.flows import ConditionalFlow, FlowSettings
 from dpsbi.inference.losses import (
     atom_indices,
     inner_releases,
@@ -131,7 +131,7 @@ def test_rqmc_loss_variance_is_lower_and_falls_faster_than_mc_on_regression():
     theta = task.prior.sample((8,))
     s = task.simulate(theta, torch.Generator().manual_seed(0))
     flow = ConditionalFlow(
-        FlowConfig(transforms=2, hidden=16), task.release(s.repeat(20, 1)), theta.repeat(20, 1)
+        FlowSettings(transforms=2, hidden=16), task.release(s.repeat(20, 1)), theta.repeat(20, 1)
     )
     with torch.no_grad():  # a fixed, non-trivial flow: perturb the near-identity initialisation
         for p in flow.parameters():

@@ -13,7 +13,7 @@ import torch
 import dpsbi
 import dpsbi.inference.posterior as posterior_module
 from dpsbi.files import load_sealed, save_sealed
-from dpsbi.inference import ConditionalFlow, FlowConfig, FlowPosterior, LikelihoodPosterior, load_posterior
+from dpsbi.inference import ConditionalFlow, FlowSettings, FlowPosterior, LikelihoodPosterior, load_posterior
 from dpsbi.mechanisms import Laplace
 
 TINY = dict(flow=dict(transforms=1, hidden=8), training=dict(max_epochs=2), progress=False)
@@ -45,7 +45,7 @@ def _random_flow_posterior(task, cls=FlowPosterior, **kwargs):
         if cls is FlowPosterior
         else (task.release(task.simulate(theta)), z)
     )
-    flow = ConditionalFlow(FlowConfig(transforms=2, hidden=8), inputs, context)
+    flow = ConditionalFlow(FlowSettings(transforms=2, hidden=8), inputs, context)
     with torch.no_grad():
         for p in flow.parameters():
             p.add_(0.2 * torch.randn(p.shape))
@@ -282,7 +282,7 @@ def test_releases_outside_the_mechanism_support_are_refused():
     """The binomial curve mechanism releases multiples of 1/N in [0, 1]."""
     task = dpsbi.tasks.load("sir", epsilon=10.0)
     post = FlowPosterior(
-        task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 2, 10), "SPPE", amortized=True
+        task, ConditionalFlow.blank(FlowSettings(transforms=1, hidden=4), 2, 10), "SPPE", amortized=True
     )
     with pytest.raises(ValueError, match="outside the support"):
         post.sample((2,), y=torch.full((1, 10), 0.0015))
@@ -290,7 +290,7 @@ def test_releases_outside_the_mechanism_support_are_refused():
         post.sample((2,), y=torch.full((1, 10), 1.5))
     assert post.sample((2,), y=task.y_obs, seed=0).shape == (2, 2)
     likelihood = LikelihoodPosterior(
-        task, ConditionalFlow.blank(FlowConfig(transforms=1, hidden=4), 10, 2), "SPLE"
+        task, ConditionalFlow.blank(FlowSettings(transforms=1, hidden=4), 10, 2), "SPLE"
     )
     assert likelihood.log_prob(task.prior.mean.expand(3, 2)).shape == (3,)  # at task.y_obs
     with pytest.raises(ValueError, match="outside the support"):

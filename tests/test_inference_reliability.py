@@ -170,7 +170,7 @@ def test_the_atomic_loss_keeps_its_atoms_in_the_last_batch():
     task = _task()
     theta = task.prior.sample((101,))
     s = task.simulate(theta)
-    flow = dpsbi.inference.ConditionalFlow(dpsbi.inference.FlowConfig(transforms=1, hidden=8), theta, s)
+    flow = dpsbi.inference.ConditionalFlow(dpsbi.inference.FlowSettings(transforms=1, hidden=8), theta, s)
     data = torch.utils.data.TensorDataset(theta, s, task.prior.log_prob(theta))
     losses = [
         float(sppe_loss(flow, z, ss, task.mechanism, 2, True, None, atoms=10, log_prior=lp))

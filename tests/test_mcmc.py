@@ -10,7 +10,7 @@ import torch
 
 import dpsbi
 from dpsbi.diagnostics import ess
-from dpsbi.inference.mcmc import MCMCConfig, resample_init, slice_sample
+from dpsbi.inference.mcmc import MCMCSettings, resample_init, slice_sample
 from dpsbi.metrics import c2st
 
 D = torch.float64
@@ -86,7 +86,7 @@ def test_moments_match_the_exact_target_within_four_monte_carlo_errors(name):
         log_density,
         init,
         15_000,
-        MCMCConfig(num_chains=100, warmup=100, thin=1),
+        MCMCSettings(num_chains=100, warmup=100, thin=1),
         seed=2,
         width=width,
         info=info,
@@ -103,15 +103,15 @@ def test_default_settings_give_nearly_independent_gaussian_draws_in_few_calls():
     its default 100 chains). The same chains run on to 20 draws each (ArviZ's ESS needs 10 or more; the 2000
     draws are their first 4): moments within 4 MC errors and an effective sample size close to the number of
     draws."""
-    init, width = start(GAUSSIAN.log_prob, 3, MCMCConfig().num_chains, seed=3)
+    init, width = start(GAUSSIAN.log_prob, 3, MCMCSettings().num_chains, seed=3)
     info, long = {}, {}
-    draws = slice_sample(GAUSSIAN.log_prob, init, 2000, MCMCConfig(), seed=4, width=width, info=info)
+    draws = slice_sample(GAUSSIAN.log_prob, init, 2000, MCMCSettings(), seed=4, width=width, info=info)
     assert draws.shape == (2000, 3) and info["draws"].shape == (4, 500, 3)
     # Split R-hat on chains of 4 draws reads ~1.05-1.08 even for nearly independent draws; 1.01-1.02 at 20.
     assert (info["rhat"] < 1.1).all() and info["ess"].isnan().all(), info  # too short for an ESS
     assert info["first_accept"] >= 0.8
     assert info["calls"] <= 200 and info["evaluations_per_update"] <= 3
-    slice_sample(GAUSSIAN.log_prob, init, 10_000, MCMCConfig(), seed=4, width=width, info=long)
+    slice_sample(GAUSSIAN.log_prob, init, 10_000, MCMCSettings(), seed=4, width=width, info=long)
     assert torch.equal(long["draws"][:4], info["draws"])
     scores = z_scores(long["draws"], G_MEAN, G_COV)
     assert max(abs(v) for v in scores.values()) <= TOLERANCE, scores
@@ -123,7 +123,7 @@ def test_chains_started_at_one_far_point_converge_during_warm_up():
     prior-wide fit spreads the chains, whose covariance then shapes the later fits."""
     init = torch.tensor([[4.0, 4.0, 4.0]], dtype=D).expand(500, 3)
     info = {}
-    slice_sample(GAUSSIAN.log_prob, init, 10_000, MCMCConfig(), seed=5, width=4.0, info=info)
+    slice_sample(GAUSSIAN.log_prob, init, 10_000, MCMCSettings(), seed=5, width=4.0, info=info)
     scores = z_scores(info["draws"], G_MEAN, G_COV)
     assert max(abs(v) for v in scores.values()) <= TOLERANCE, scores
     assert (info["rhat"] < 1.03).all(), info["rhat"]
@@ -131,7 +131,7 @@ def test_chains_started_at_one_far_point_converge_during_warm_up():
 
 def test_draws_depend_on_the_seed_only():
     init, width = start(banana, 2, 50, seed=6)
-    config = MCMCConfig(num_chains=50, warmup=10)
+    config = MCMCSettings(num_chains=50, warmup=10)
     torch.manual_seed(0)
     np.random.seed(0)
     first = slice_sample(banana, init, 200, config, seed=7, width=width)
@@ -165,7 +165,7 @@ def test_effective_sample_size_of_independent_and_autocorrelated_chains():
 
 
 def test_settings_of_older_posterior_files_still_load_and_sample_with_sbi():
-    legacy = MCMCConfig.coerce(
+    legacy = MCMCSettings.coerce(
         {"method": "slice_np_vectorized", "num_chains": 100, "thin": 2, "warmup": 50, "init_candidates": 1000}
     )
     assert legacy.to_dict() == {
@@ -175,15 +175,15 @@ def test_settings_of_older_posterior_files_still_load_and_sample_with_sbi():
         "warmup": 50,
         "init_candidates": 1000,
     }
-    assert MCMCConfig().method == "elliptical_slice"
+    assert MCMCSettings().method == "elliptical_slice"
     init, width = start(GAUSSIAN.log_prob, 3, 10, seed=8)
-    config = MCMCConfig(method="slice_np_vectorized", num_chains=10, warmup=5)
+    config = MCMCSettings(method="slice_np_vectorized", num_chains=10, warmup=5)
     info = {}
     draws = slice_sample(GAUSSIAN.log_prob, init, 40, config, seed=9, width=width, info=info)
     assert draws.shape == (40, 3) and torch.isfinite(draws).all() and info["draws"].shape == (4, 10, 3)
     assert torch.equal(draws, slice_sample(GAUSSIAN.log_prob, init, 40, config, seed=9, width=width))
     with pytest.raises(ValueError, match="unknown MCMC method"):
-        MCMCConfig(method="hmc")
+        MCMCSettings(method="hmc")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -192,7 +192,7 @@ def test_chains_run_on_the_device_of_their_start():
     info = {}
     target = torch.distributions.MultivariateNormal(G_MEAN.cuda(), G_COV.cuda())
     draws = slice_sample(
-        target.log_prob, init.cuda(), 2000, MCMCConfig(), seed=11, width=width.cuda(), info=info
+        target.log_prob, init.cuda(), 2000, MCMCSettings(), seed=11, width=width.cuda(), info=info
     )
     assert draws.device.type == "cuda"
     scores = z_scores(info["draws"].cpu(), G_MEAN, G_COV)

@@ -22,7 +22,7 @@ from sbi.diagnostics import LC2ST, check_sbc, check_tarp, get_nltp, run_sbc, run
 from sbi.diagnostics.sbc import check_uniformity_frequentist  # noqa: E402
 
 import dpsbi  # noqa: E402
-from dpsbi.inference import ConditionalFlow, FlowConfig, LikelihoodPosterior  # noqa: E402
+from dpsbi.inference import ConditionalFlow, FlowSettings, LikelihoodPosterior  # noqa: E402
 
 #: Pairs (theta_i, y_i) from the prior predictive for SBC and TARP, and posterior draws per release.
 N, M = 200, 500
@@ -258,7 +258,7 @@ def test_show_progress_bars_switches_a_likelihood_posteriors_sampler_bars(task, 
     """A likelihood posterior shows its slice sampler's bars (on stderr) when sbi's ``show_progress_bars``
     asks, whatever its own ``progress`` setting, and hides them when told; the draws stay the same."""
     theta = task.prior.sample((50,))
-    flow = ConditionalFlow(FlowConfig(transforms=1, hidden=8), task.simulate_release(theta), theta)
+    flow = ConditionalFlow(FlowSettings(transforms=1, hidden=8), task.simulate_release(theta), theta)
     mcmc = dict(num_chains=10, warmup=3, init_candidates=50)
     quiet = LikelihoodPosterior(task, flow, "SPLE", mcmc=mcmc, progress=False)
     loud = LikelihoodPosterior(task, flow, "SPLE", mcmc=mcmc, progress=True)

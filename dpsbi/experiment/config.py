@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .. import tasks
+from ..inference.training import DEVICE_FIELDS
 from ..tasks import Task
 from . import methods
 from .methods import Method
@@ -19,7 +20,7 @@ from .methods import Method
 #: Environment variable naming another config directory (a copy of ``configs/`` with your own groups).
 CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
 METRICS = ("c2st", "mmd", "nlog", "lmd")
-TRAINER_KEYS = ("accelerator", "devices", "precision", "threads")
+TRAINER_KEYS = (*DEVICE_FIELDS, "threads")
 #: Keys of the ``budget`` node: the simulation and training budget of every neural method of a run at once.
 BUDGET_KEYS = ("rounds", "sims_per_round", "inner_samples", "max_epochs", "max_steps")
 #: OmegaConf resolver ``${dpsbi_run_id:}``: a random token, the same throughout one composed config (cached),
@@ -38,6 +39,26 @@ def run_id() -> str:
 
 if not OmegaConf.has_resolver(RUN_ID_RESOLVER):
     OmegaConf.register_new_resolver(RUN_ID_RESOLVER, run_id, use_cache=True)
+
+
+def register_estimator_defaults() -> None:
+    """Store the neural methods' settings in Hydra's ConfigStore, built from the estimators themselves
+    (``SequentialEstimator.defaults``), so that the library is the one source of every default: the node
+    ``method/<name>_defaults`` (what ``configs/method/<name>.yaml`` extends) and ``experiment/paper_methods``
+    (the paper's settings of every neural method as ``method_settings``, what ``experiment=paper`` extends)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    paper = {}
+    for method in methods.METHODS.values():
+        if method.neural:
+            estimator = method.load()
+            store.store(group="method", name=f"{method.name}_defaults", node=estimator.defaults())
+            paper[method.name] = estimator.defaults(paper=True)
+    store.store(group="experiment", name="paper_methods", node={"method_settings": paper}, package="_global_")
+
+
+register_estimator_defaults()  # here, so that sweep jobs composing their config in other processes see them
 
 
 def config_dir() -> Path:
@@ -114,7 +135,8 @@ def method_settings(cfg: DictConfig, method: Method, base: dict, trainer: dict, 
 
 
 def _method_config(name: str) -> dict:
-    """The ``method/<name>.yaml`` config of a companion method."""
+    """The ``method/<name>.yaml`` config of a companion method, over the nodes its ``defaults`` list names in the
+    ``method`` group (the estimator's own defaults: :func:`register_estimator_defaults`)."""
     if name not in methods.METHODS:
         raise ConfigError(
             f"unknown companion method {name!r}; known methods: {', '.join(sorted(methods.METHODS))}"
@@ -122,7 +144,12 @@ def _method_config(name: str) -> dict:
     path = config_dir() / "method" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"companion {name!r} has no config file {path}")
-    return _container(OmegaConf.load(path))
+    from hydra.core.config_store import ConfigStore
+
+    own = OmegaConf.load(path)
+    bases = [entry for entry in own.pop("defaults", []) if entry != "_self_"]
+    nodes = [ConfigStore.instance().load(f"method/{entry}.yaml").node for entry in bases]
+    return _container(OmegaConf.merge(*nodes, own))
 
 
 def _trainer(cfg: DictConfig) -> tuple[dict, int | None]:

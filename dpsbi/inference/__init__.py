@@ -1,9 +1,9 @@
 """Neural inference from private releases: SPPE, SPLE, the non-private NaiveNPE baseline, and their
 posterior objects. The losses (:mod:`dpsbi.inference.losses`) can be used on their own."""
 
-from .flows import ConditionalFlow, FlowConfig
+from .flows import ConditionalFlow, FlowSettings
 from .losses import inner_releases, posterior_loss, sple_loss, sppe_loss
-from .mcmc import MCMCConfig
+from .mcmc import MCMCSettings
 from .naive import NaiveNPE
 from .posterior import FlowPosterior, LikelihoodPosterior, Posterior, load_posterior
 from .sple import SPLE
@@ -17,9 +17,9 @@ __all__ = [
     "Posterior",
     "FlowPosterior",
     "LikelihoodPosterior",
-    "FlowConfig",
+    "FlowSettings",
     "ConditionalFlow",
-    "MCMCConfig",
+    "MCMCSettings",
     "sppe_loss",
     "sple_loss",
     "posterior_loss",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
+import inspect
 import math
 import os
 import time
@@ -25,14 +26,14 @@ from ..mechanisms.epsilon import at_epsilons, epsilon_range_problem, log_uniform
 from ..tasks import Task
 from ..tasks.identity import identity
 from . import checkpoint
-from .flows import ConditionalFlow, FlowConfig
+from .flows import ConditionalFlow, FlowSettings
 from .losses import with_log_epsilon
 from .parameters import ParameterSpace
 from .posterior import Posterior
 from .posterior_file import task_spec
 from .seeding import derive_seed
 from .settings import Settings
-from .training import Loss, TrainingSettings, fit_flow
+from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow
 
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
@@ -113,7 +114,7 @@ class SequentialEstimator(abc.ABC):
     gives the paper's settings): ``rounds`` x ``sims_per_round`` simulations;
     ``inner_samples`` releases per stored summary at every step, from scrambled Sobol points
     (``qmc=True``, a power of two) or plain uniforms. The grouped settings, each an instance or a dict of
-    its fields: ``flow`` (:class:`~dpsbi.inference.flows.FlowConfig`: the flow's architecture) and
+    its fields: ``flow`` (:class:`~dpsbi.inference.flows.FlowSettings`: the flow's architecture) and
     ``training`` (:class:`~dpsbi.inference.training.TrainingSettings`: optimizer, early stopping, validation
     split, Lightning device). ``seed`` fixes every random draw; ``progress`` shows bars.
 
@@ -147,6 +148,44 @@ class SequentialEstimator(abc.ABC):
     #: The main paper's budget (with :data:`PAPER_TRAINING`): 10 rounds of 1000 simulations, M = 32 RQMC releases.
     paper_settings: ClassVar[dict] = {"rounds": 10, "sims_per_round": 1000, "inner_samples": 32, "qmc": True}
 
+    #: Constructor arguments that belong to a run rather than to the method (dpsbi-run sets them itself).
+    run_arguments: ClassVar[tuple[str, ...]] = ("seed", "checkpoint_dir", "progress", "on_round_end")
+    #: Constructor arguments that this estimator accepts and ignores (left out of :meth:`defaults`).
+    unused_arguments: ClassVar[tuple[str, ...]] = ()
+    #: Arguments that are grouped settings, by class: given as an instance or a dict of its fields.
+    settings_groups: ClassVar[dict[str, type[Settings]]] = {
+        "flow": FlowSettings,
+        "training": TrainingSettings,
+    }
+
+    @classmethod
+    def defaults(cls, paper: bool = False) -> dict:
+        """Every setting of ``cls(task)`` (``paper=True``: of ``cls.paper(task)``) with its value, as plain data:
+        the constructor's keyword defaults (the class's own, then the keyword-only ones it passes on to its base),
+        each settings group (:attr:`settings_groups`) as a dict of its fields; ``training`` without Lightning's
+        device fields, which belong to the machine (dpsbi-run's ``trainer`` group). The single source of
+        dpsbi-run's ``configs/method`` files and ``paper`` preset (:mod:`dpsbi.experiment.config`)."""
+        skip = {"self", "task", *cls.run_arguments, *cls.unused_arguments}
+        values: dict = {}
+        for klass in cls.__mro__:
+            if "__init__" not in klass.__dict__:
+                continue
+            parameters = inspect.signature(klass.__dict__["__init__"]).parameters.values()
+            for p in parameters:
+                passed_on = klass is cls or p.kind is p.KEYWORD_ONLY
+                if passed_on and p.default is not p.empty and p.name not in skip:
+                    values.setdefault(p.name, p.default)
+            if not any(p.kind is p.VAR_KEYWORD for p in parameters) or klass is SequentialEstimator:
+                break
+        if paper:
+            values.update(cls.paper_settings)
+        training = PAPER_TRAINING if paper else cls.training_defaults
+        for name, group in cls.settings_groups.items():
+            values[name] = group.coerce(None, training if group is TrainingSettings else None).to_dict()
+        for field in DEVICE_FIELDS:
+            values["training"].pop(field)
+        return values
+
     @classmethod
     def paper(cls, task: Task, **kwargs) -> SequentialEstimator:
         """The estimator with the main paper's settings exactly (:attr:`paper_settings`, :data:`PAPER_TRAINING`);
@@ -167,7 +206,7 @@ class SequentialEstimator(abc.ABC):
         inner_samples: int = 8,
         qmc: bool = True,
         *,
-        flow: FlowConfig | dict | None = None,
+        flow: FlowSettings | dict | None = None,
         training: TrainingSettings | dict | None = None,
         seed: int = 0,
         checkpoint_dir: str | os.PathLike | None = None,
@@ -187,10 +226,10 @@ class SequentialEstimator(abc.ABC):
             )
         if qmc and inner_samples & (inner_samples - 1):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
-        self.settings = TrainingSettings.coerce(training, self.training_defaults)
-        if round(self.settings.validation_fraction * sims_per_round) >= sims_per_round:
+        self.training = TrainingSettings.coerce(training, self.training_defaults)
+        if round(self.training.validation_fraction * sims_per_round) >= sims_per_round:
             raise ValueError(
-                f"validation_fraction={self.settings.validation_fraction} leaves no training data of {sims_per_round} simulations"
+                f"validation_fraction={self.training.validation_fraction} leaves no training data of {sims_per_round} simulations"
             )
         task.validate()
         self.amortized = bool(amortized)
@@ -207,7 +246,7 @@ class SequentialEstimator(abc.ABC):
         self.task, self.space = task, ParameterSpace(task)
         self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
         self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
-        self.flow_config, self.seed = FlowConfig.coerce(flow), int(seed)
+        self.flow_settings, self.seed = FlowSettings.coerce(flow), int(seed)
         self.checkpoint_path = checkpoint.path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress, self.on_round_end = bool(progress), on_round_end
         self.flow: ConditionalFlow | None = None
@@ -222,7 +261,7 @@ class SequentialEstimator(abc.ABC):
         if self.budget.simulations is not None and self._round_size() is None:
             raise ValueError(
                 f"budget simulations={self.budget.simulations} leaves no first round (at least one training and "
-                f"one validation simulation, validation_fraction={self.settings.validation_fraction})"
+                f"one validation simulation, validation_fraction={self.training.validation_fraction})"
             )
 
     @staticmethod
@@ -341,7 +380,7 @@ class SequentialEstimator(abc.ABC):
         self._drop_pending_if_stored()
         posterior = self.posterior(start - 1) if start else None
         if start and self.stop_when_stable is not None and self._stable_reference is None:
-            self._stable_reference = self._stability_summary(posterior)
+            self._stable_reference = self.stability_summary(posterior)
         bar = tqdm(
             total=self.rounds,
             initial=start,
@@ -389,11 +428,11 @@ class SequentialEstimator(abc.ABC):
         n = self.sims_per_round
         if self.budget.simulations is not None:
             n = min(n, int(self.budget.simulations) - self.num_simulations)
-        if n < 2 or max(1, round(self.settings.validation_fraction * n)) >= n:
+        if n < 2 or max(1, round(self.training.validation_fraction * n)) >= n:
             return None
         return n
 
-    def _stability_summary(self, posterior: Posterior) -> Tensor:
+    def stability_summary(self, posterior: Posterior) -> Tensor:
         """Mean and sd ``(2, dim)`` (float64, CPU) of :data:`STABILITY_DRAWS` draws of ``posterior`` at ``task.y_obs``
         under a fixed seed, in the unconstrained space (``stop_when_stable``)."""
         theta = posterior.sample((STABILITY_DRAWS,), seed=derive_seed(self.seed, "stable"))
@@ -402,7 +441,7 @@ class SequentialEstimator(abc.ABC):
 
     @staticmethod
     def stability_change(before: Tensor, after: Tensor) -> float:
-        """The change between two rounds' :meth:`_stability_summary`: the largest over parameters of the mean's
+        """The change between two rounds' :meth:`stability_summary`: the largest over parameters of the mean's
         shift in the earlier sd and of ``|log|`` of the ratio of sds."""
         sd = before[1].clamp_min(1e-300)
         shift = ((after[0] - before[0]).abs() / sd).max()
@@ -433,13 +472,13 @@ class SequentialEstimator(abc.ABC):
                 self.loss(r),
                 self._dataset(False),
                 self._dataset(True),
-                self.settings,
+                self.training,
                 derive_seed(self.seed, r, "fit"),
                 f"{self.method} round {r}",
                 on_epoch,
             )
             posterior = self.posterior(r)
-            stability = None if self.stop_when_stable is None else self._stability_summary(posterior)
+            stability = None if self.stop_when_stable is None else self.stability_summary(posterior)
         except BaseException:
             self.data = {k: v[:rows] for k, v in self.data.items()} if rows else {}
             self.pending = pending
@@ -526,7 +565,7 @@ class SequentialEstimator(abc.ABC):
         validation = torch.zeros(n, dtype=torch.bool, device=theta.device)
         validation[
             torch.randperm(n, generator=generator, device=theta.device)[
-                : max(1, round(self.settings.validation_fraction * n))
+                : max(1, round(self.training.validation_fraction * n))
             ]
         ] = True
         new = {
@@ -576,7 +615,7 @@ class SequentialEstimator(abc.ABC):
             inputs, context = self.flow_data(
                 self.space.to_z(self.data["theta"]), self.data["s"], generator, self.data.get("epsilon")
             )
-            return ConditionalFlow(self.flow_config, inputs, context)
+            return ConditionalFlow(self.flow_settings, inputs, context)
 
     def _dataset(self, validation: bool) -> TensorDataset:
         rows = self.data["validation"] == validation
@@ -598,8 +637,8 @@ class SequentialEstimator(abc.ABC):
             "sims_per_round": self.sims_per_round,
             "inner_samples": self.inner_samples,
             "qmc": self.qmc,
-            "flow": self.flow_config.to_dict(),
-            "training": self.settings.to_dict(),
+            "flow": self.flow_settings.to_dict(),
+            "training": self.training.to_dict(),
             "seed": self.seed,
             **(
                 {"amortized": True} if self.amortized else {}
@@ -652,7 +691,7 @@ class SequentialEstimator(abc.ABC):
         if self.probe and self.task.simulator is not None:
             self._check_simulator(self.probe["theta"], self.probe["s"])
         self.data, self.history = payload["data"], history
-        self.flow = ConditionalFlow.blank(self.flow_config, *payload["flow_shape"])
+        self.flow = ConditionalFlow.blank(self.flow_settings, *payload["flow_shape"])
         self.flow.load_state_dict(payload["flow"])
         return len(history)
 

@@ -1,5 +1,5 @@
 """Conditional neural spline flows (sbi's NSF builder on nflows) with z-scoring of inputs and context, and an
-optional embedding network for the context (:class:`FlowConfig` ``embedding``)."""
+optional embedding network for the context (:class:`FlowSettings` ``embedding``)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def describe_embedding(embedding: str | nn.Module | None) -> str | dict | None:
 
 
 @dataclass(frozen=True)
-class FlowConfig(Settings):
+class FlowSettings(Settings):
     """Architecture of a conditional neural spline flow; the defaults are the paper's: 8 coupling
     transforms, each conditioned by a residual net of 2 blocks of 50 ReLU units, 10 bins, tail bound 5.
 
@@ -112,7 +112,7 @@ class ConditionalFlow(nn.Module):
     part of the ``state_dict`` and come back with it.
     """
 
-    def __init__(self, config: FlowConfig, inputs: Tensor, context: Tensor) -> None:
+    def __init__(self, config: FlowSettings, inputs: Tensor, context: Tensor) -> None:
         super().__init__()
         if inputs.ndim != 2 or context.ndim != 2 or len(inputs) != len(context) or len(inputs) < 2:
             raise ValueError(
@@ -145,7 +145,7 @@ class ConditionalFlow(nn.Module):
             ) from None
 
     @classmethod
-    def blank(cls, config: FlowConfig, dim: int, context_dim: int) -> ConditionalFlow:
+    def blank(cls, config: FlowSettings, dim: int, context_dim: int) -> ConditionalFlow:
         """A flow of the right shape whose weights and z-scoring are to come from ``load_state_dict``."""
         inputs, context = torch.eye(2, dim), torch.eye(2, context_dim)
         return cls(config, inputs, context)

@@ -50,7 +50,7 @@ MAX_ROUNDS = 60
 
 
 @dataclass(frozen=True)
-class MCMCConfig(Settings):
+class MCMCSettings(Settings):
     """MCMC settings: ``num_chains`` chains started by resampling ``init_candidates`` prior draws in proportion
     to the target density (sbi's "resample" strategy); ``warmup`` steps per chain are discarded, then every
     ``thin``-th step is kept, ``ceil(num_samples / num_chains)`` per chain.
@@ -98,7 +98,7 @@ def slice_sample(
     log_density: Callable[[Tensor], Tensor],
     init: Tensor,
     num_samples: int,
-    config: MCMCConfig,
+    config: MCMCSettings,
     seed: int,
     width: Tensor | float = 1.0,
     progress: bool = False,

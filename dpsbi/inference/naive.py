@@ -25,6 +25,7 @@ class NaiveNPE(SequentialEstimator):
 
     method = "NaiveNPE"
     paper_settings = {"rounds": 10, "sims_per_round": 1000}
+    unused_arguments = ("amortized", "epsilon_range", "stop_when_stable")
 
     def __init__(self, task: Task, rounds: int = 10, sims_per_round: int = 1000, **kwargs) -> None:
         if kwargs.get("epsilon_range") is not None:

@@ -20,9 +20,9 @@ from ..qmc import cell_points
 from ..tasks import Task
 from ..tasks.identity import identity
 from . import posterior_file
-from .flows import ConditionalFlow, FlowConfig
+from .flows import ConditionalFlow, FlowSettings
 from .losses import dequantized, with_log_epsilon
-from .mcmc import MCMCConfig, resample_init, slice_sample
+from .mcmc import MCMCSettings, resample_init, slice_sample
 from .parameters import ParameterSpace
 from .seeding import draw_seed, make_generator
 
@@ -41,8 +41,9 @@ class Posterior(abc.ABC):
 
     ``epsilon``: the privacy level of the release(s), for a posterior trained over a range of epsilons
     (``epsilon_range``, see :class:`~dpsbi.inference.estimator.SequentialEstimator`): a number, or one per
-    release (a tensor ``(B,)``) in the batched methods. Left out, it is the task's own epsilon (its mechanism's,
-    the target epsilon of a ``BinomialCurve``) when that lies in the range, else it must be given; an epsilon
+    release (a tensor ``(B,)``) in the batched methods. Left out, it is the one set by :meth:`set_default_epsilon`,
+    else the task's own epsilon (its mechanism's, the target epsilon of a ``BinomialCurve``) when that lies in the
+    range, else it must be given; an epsilon
     outside the range is refused (``ValueError``). A posterior trained at one epsilon takes only that one.
 
     sbi's keywords are accepted too, so that sbi's ``run_sbc``, ``run_tarp``, ``get_nltp`` and plots take a
@@ -62,6 +63,7 @@ class Posterior(abc.ABC):
         self.task, self.flow, self.method = task, flow.eval(), method
         self.space = ParameterSpace(task)
         self._default_x: Tensor | None = None
+        self._default_epsilon: float | None = None
         #: ``(low, high)``: the flow also conditions on ``log epsilon``, trained for epsilons in that range.
         self.epsilon_range = None if epsilon_range is None else tuple(float(v) for v in epsilon_range)
 
@@ -78,6 +80,14 @@ class Posterior(abc.ABC):
     def set_default_x(self, y: Tensor) -> Posterior:
         """Use release ``y`` (``(dim_s,)`` or ``(1, dim_s)``, validated now) where no ``y`` is given; returns ``self``."""
         self._default_x = self._releases(y, single=True).cpu()
+        return self
+
+    def set_default_epsilon(self, epsilon: float) -> Posterior:
+        """Use ``epsilon`` (checked against the trained range now) where none is given; returns ``self``. With
+        :meth:`set_default_x`, tools that pass only releases (sbi's ``run_sbc`` / ``run_tarp``, ArviZ exports)
+        see an epsilon-amortized posterior at one privacy level."""
+        checked = self._epsilons(float(epsilon), 1)  # None: trained at the task's epsilon, which it is
+        self._default_epsilon = float(epsilon) if checked is None else float(checked[0])
         return self
 
     def to(self, device: torch.device | str) -> Posterior:
@@ -309,6 +319,8 @@ class Posterior(abc.ABC):
         """The checked epsilons ``(batch,)`` of ``batch`` releases (class docstring), or ``None`` for a posterior
         trained at one epsilon (where only that one is accepted)."""
         own = nominal_epsilon(self.task.mechanism)
+        if epsilon is None and self._default_epsilon is not None:
+            epsilon = self._default_epsilon
         if epsilon is not None:
             epsilon = epsilons(epsilon).double().flatten()
         if self.epsilon_range is None:
@@ -363,8 +375,10 @@ class Posterior(abc.ABC):
         generator: torch.Generator | None = None,
         seed: int | None = None,
         predictive: bool = False,
+        *,
+        epsilon: float | None = None,
     ):
-        """Draws at release ``y`` as an ``arviz.InferenceData`` (:func:`dpsbi.diagnostics.posterior_inference_data`):
+        """Draws at release ``y`` and ``epsilon`` (class docstring) as an ``arviz.InferenceData`` (:func:`dpsbi.diagnostics.posterior_inference_data`):
         a posterior variable ``(chain, draw)`` per parameter, named after ``task.parameter_names``; the release
         as ``observed_data.release``; attributes ``method``, ``task``, ``epsilon``, ``release``, ``settings``
         (JSON), ``sampler``, ``num_chains``. A :class:`LikelihoodPosterior` (SPLE) keeps its MCMC chains
@@ -375,7 +389,7 @@ class Posterior(abc.ABC):
         ``generator`` fix the draws as in :meth:`sample`."""
         from ..diagnostics import posterior_inference_data
 
-        return posterior_inference_data(self, num_samples, y, generator, seed, predictive)
+        return posterior_inference_data(self, num_samples, y, generator, seed, predictive, epsilon)
 
     # ---- saving -------------------------------------------------------------------------------------
     def metadata(self) -> dict:
@@ -387,6 +401,7 @@ class Posterior(abc.ABC):
             "identity": identity(self.task),
             "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
             "default_x": None if self._default_x is None else self._default_x.tolist(),
+            "default_epsilon": self._default_epsilon,
             "flow": {
                 "config": self.flow.config.to_dict(),
                 "dim": self.flow.dim,
@@ -469,14 +484,14 @@ class LikelihoodPosterior(Posterior):
         task: Task,
         flow: ConditionalFlow,
         method: str,
-        mcmc: MCMCConfig | dict | None = None,
+        mcmc: MCMCSettings | dict | None = None,
         progress: bool = False,
         dequantized: bool = False,
         cell_points: int = 8,
         epsilon_range: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(task, flow, method, epsilon_range)
-        self.mcmc = MCMCConfig.coerce(mcmc)
+        self.mcmc = MCMCSettings.coerce(mcmc)
         self.progress = progress
         self.dequantized, self.cell_points = bool(dequantized), int(cell_points)
         if self.dequantized and task.mechanism.lattice is None:
@@ -599,7 +614,8 @@ def load_posterior(
     default device). Only tensors and plain containers are read (``weights_only=True``), and only from an
     intact file (checksum). The task is rebuilt from its recorded name and arguments unless ``task`` is
     given; either way its model must match the one recorded in the file, or a ``ValueError`` names every
-    differing field. A release set by ``set_default_x`` before saving is the default again."""
+    differing field. A release set by ``set_default_x`` and an epsilon set by ``set_default_epsilon`` before saving
+    are the defaults again."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     meta, state = posterior_file.read(path, device, _KINDS)
     which = "the given task"
@@ -614,7 +630,7 @@ def load_posterior(
     if meta["y_obs"] is not None:
         task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
     spec = meta["flow"]
-    flow = ConditionalFlow.blank(FlowConfig.coerce(spec["config"]), spec["dim"], spec["context_dim"])
+    flow = ConditionalFlow.blank(FlowSettings.coerce(spec["config"]), spec["dim"], spec["context_dim"])
     try:
         flow.load_state_dict(state)
     except RuntimeError as error:
@@ -622,4 +638,8 @@ def load_posterior(
     posterior = _KINDS[meta["kind"]](task, flow.to(device), meta["method"], **meta["options"])
     if meta.get("default_x") is not None:  # absent from files written before set_default_x existed
         posterior.set_default_x(torch.tensor(meta["default_x"], dtype=torch.get_default_dtype()))
+    if (
+        meta.get("default_epsilon") is not None
+    ):  # absent from files written before set_default_epsilon existed
+        posterior.set_default_epsilon(meta["default_epsilon"])
     return posterior

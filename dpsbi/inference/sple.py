@@ -8,7 +8,7 @@ import torch
 from ..tasks import Task
 from .estimator import SequentialEstimator
 from .losses import dequantized, sple_loss
-from .mcmc import MCMCConfig
+from .mcmc import MCMCSettings
 from .posterior import LikelihoodPosterior
 from .training import Loss
 
@@ -18,7 +18,7 @@ class SPLE(SequentialEstimator):
 
     Trains ``q(y | theta)`` on ``-mean log q(y_ij | theta_i)`` with ``inner_samples`` fresh releases per
     stored summary; each later round proposes from ``prior(theta) q(y_obs | theta)`` by slice sampling
-    (``mcmc``: an :class:`~dpsbi.inference.mcmc.MCMCConfig` or a dict of its fields). Releases on a lattice
+    (``mcmc``: an :class:`~dpsbi.inference.mcmc.MCMCSettings` or a dict of its fields). Releases on a lattice
     (binomial counts, randomized response) are dequantized (``dequantize=True``, the default): the flow models
     ``y + h v`` with ``v`` uniform on the cell, drawn from the same RQMC points as the mechanism noise, and the
     likelihood of ``y_obs`` is the flow's mass on its cell (``cell_points`` quadrature points). See
@@ -36,6 +36,7 @@ class SPLE(SequentialEstimator):
     """
 
     method = "SPLE"
+    settings_groups = {**SequentialEstimator.settings_groups, "mcmc": MCMCSettings}
 
     def __init__(
         self,
@@ -44,14 +45,14 @@ class SPLE(SequentialEstimator):
         sims_per_round: int = 1000,
         inner_samples: int = 8,
         qmc: bool = True,
-        mcmc: MCMCConfig | dict | None = None,
+        mcmc: MCMCSettings | dict | None = None,
         dequantize: bool = True,
         cell_points: int = 8,
         **kwargs,
     ) -> None:
         task.mechanism.require_likelihood_flow(self.method)  # a density or a lattice, not an atom on one
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
-        self.mcmc = MCMCConfig.coerce(mcmc)
+        self.mcmc = MCMCSettings.coerce(mcmc)
         self.dequantize = bool(dequantize) and task.mechanism.lattice is not None
         self.cell_points = int(cell_points)
         if self.cell_points < 1 or self.cell_points & (self.cell_points - 1):

@@ -66,9 +66,9 @@ class SPPE(SequentialEstimator):
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         if int(atoms) < 2:
             raise ValueError(f"atomic APT needs atoms >= 2, got {atoms}")
-        if int(atoms) > min(self.settings.batch_size, self.sims_per_round):
+        if int(atoms) > min(self.training.batch_size, self.sims_per_round):
             raise ValueError(
-                f"atoms={atoms} exceeds the batch size ({self.settings.batch_size}) or sims_per_round ({self.sims_per_round})"
+                f"atoms={atoms} exceeds the batch size ({self.training.batch_size}) or sims_per_round ({self.sims_per_round})"
             )
         if truncate is not None and not 0 < float(truncate) < 1:
             raise ValueError(

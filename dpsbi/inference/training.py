@@ -32,6 +32,10 @@ EpochCallback = Callable[[int, float, float], None]
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")
 
 
+#: The fields of :class:`TrainingSettings` that belong to the machine (Lightning's device settings).
+DEVICE_FIELDS = ("accelerator", "devices", "precision")
+
+
 @dataclass(frozen=True)
 class TrainingSettings(Settings):
     """Settings of every round's training: Adam with ``lr`` and ``weight_decay`` on batches of ``batch_size``,

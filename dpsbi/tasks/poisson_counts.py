@@ -1,4 +1,8 @@
-"""Gong's Example 4: a Poisson count released with Laplace noise; its exact posterior is a Gamma mixture."""
+"""Gong's Example 4: a Poisson count released with Laplace noise; its exact posterior is a Gamma mixture.
+
+``noise="discrete_laplace"`` releases the count as deployed systems do (OpenDP's ``make_geometric``, Tumult's
+integer noise): an integer, two-sided geometric noise of the same scale. On integer releases its pmf is the Laplace
+density up to a constant factor, so the exact posterior is the same Gamma mixture."""
 
 from __future__ import annotations
 
@@ -8,11 +12,16 @@ import torch
 from torch import Tensor
 from torch.distributions import Categorical, ExpTransform, Gamma, Independent, MixtureSameFamily
 
-from ..mechanisms import Laplace
+from ..mechanisms import DiscreteLaplace, Laplace
 from . import register
 from .base import Task, observed_release
 
 STORED = {0.2: [37.4]}
+#: The release mechanisms, by ``noise``: each ``(epsilon) -> mechanism`` of L1 sensitivity 1.
+NOISE = {
+    "laplace": lambda eps: Laplace(eps, 1.0, 1),
+    "discrete_laplace": lambda eps: DiscreteLaplace(eps, 1, 1),
+}
 
 
 def _weights(y: float, shape: float, rate: float, scale: float, s_max: int) -> tuple[Tensor, Tensor]:
@@ -70,11 +79,17 @@ def make(
     shape: float = 25.0,
     rate: float = 1.0,
     true_theta: float = 25.0,
+    noise: str = "laplace",
 ) -> Task:
-    """``theta ~ Gamma(shape, rate)``, ``s ~ Poisson(theta)``, Laplace noise of sensitivity 1."""
+    """``theta ~ Gamma(shape, rate)``, ``s ~ Poisson(theta)``, noise of sensitivity 1: ``noise="laplace"`` (Gong's)
+    or ``"discrete_laplace"`` (an integer release; no stored release: ``y_obs`` defaults to one simulated)."""
+    if noise not in NOISE:
+        raise ValueError(f"poisson_counts: noise must be one of {sorted(NOISE)}, got {noise!r}")
     dtype = torch.get_default_dtype()
     prior = Independent(Gamma(torch.tensor([shape], dtype=dtype), torch.tensor([rate], dtype=dtype)), 1)
-    mechanism = Laplace(epsilon, sensitivity=1.0, dim=1)
+    mechanism = NOISE[noise](epsilon)
+    if noise != "laplace" and y_obs is None:
+        y_obs = "simulate"
     theta_true = torch.tensor([[true_theta]], dtype=dtype)
 
     def simulator(theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -89,10 +104,12 @@ def make(
         simulator=simulator,
         mechanism=mechanism,
         epsilon=epsilon,
-        y_obs=observed_release("poisson_counts", epsilon, y_obs, STORED, simulate_obs, seed),
+        y_obs=observed_release(
+            "poisson_counts", epsilon, y_obs, STORED if noise == "laplace" else {}, simulate_obs, seed
+        ),
         true_theta=theta_true if isinstance(y_obs, str) else None,
         transform=ExpTransform(),
         parameter_names=["theta"],
         exact_posterior=lambda y: exact_posterior(y, epsilon, shape, rate),
-        description="Gong (Ex. 4): Poisson count with Laplace noise; exact posterior is a Gamma mixture.",
+        description=f"Gong (Ex. 4): Poisson count with {noise.replace('_', ' ')} noise; exact posterior is a Gamma mixture.",
     )

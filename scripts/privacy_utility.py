@@ -1,0 +1,230 @@
+"""The privacy-utility curve a curator reads: posterior sd and central 95 % interval width against epsilon, from
+ONE epsilon-amortized fit, beside separate sequential fits at epsilon 0.1, 1 and 10 and the reference posteriors.
+
+``run``: per task (regression, SIR), ``SPPE(task, amortized=True, epsilon_range=(0.1, 10))`` at the library's
+defaults (one torch thread), then
+
+- the curve: at each of 13 log-spaced epsilons, ``--releases`` releases of ONE confidential summary (regression:
+  the paper's; SIR: one epidemic simulated at the true parameter, seed 0) with fresh noise; the mean over those
+  releases of each parameter's posterior sd and 95 % width (and their spread), 2000 draws per release, one batched
+  call per epsilon;
+- at the task's stored releases at 0.1, 1 and 10: the amortized posterior's sd, width and C2ST against the
+  reference posterior (``dpsbi.experiment.reference.reference_posterior``, scripts/frontier.py's settings).
+
+One JSON line per row is appended to ``--out``; a task already finished in the file is skipped.
+
+``report``: reads those rows and the separate fits (``scripts/frontier.py run --defaults`` rows, whose last
+round's ``sd`` and ``width95`` are the fit's) and draws the figure, sd and width per parameter against epsilon.
+
+    .venv/bin/python scripts/privacy_utility.py run --out results/privacy_utility.jsonl
+    .venv/bin/python scripts/frontier.py run --task regression --epsilon 0.1 --method sppe --defaults \\
+        --seconds 900 --out results/frontier_defaults.jsonl    # and at 1, 10; the same for sir
+    .venv/bin/python scripts/privacy_utility.py report results/privacy_utility.jsonl \\
+        results/frontier_defaults.jsonl --figure docs/figures/privacy_utility.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from frontier import REFERENCE, spread
+
+import dpsbi
+from dpsbi.experiment.config import build_task
+from dpsbi.experiment.reference import reference_posterior
+
+RANGE = (0.1, 10.0)
+GRID = torch.logspace(-1, 1, 13, dtype=torch.float64).tolist()
+STORED = (0.1, 1.0, 10.0)
+DRAWS = 2000
+
+
+def confidential(task) -> torch.Tensor:
+    """One confidential summary ``(1, dim_s)``: the paper's when the task holds it, else simulated at the true
+    parameter with seed 0."""
+    if task.s_obs is not None:
+        return task.s_obs
+    return task.simulate(task.true_theta, torch.Generator().manual_seed(0))
+
+
+def curve(task, posterior, releases: int) -> list[dict]:
+    """Rows of the curve: per epsilon of :data:`GRID`, the mean and sd over ``releases`` releases of one
+    confidential summary of each parameter's posterior sd and 95 % width."""
+    s = confidential(task).expand(releases, -1)
+    rows = []
+    for k, epsilon in enumerate(GRID):
+        y = task.mechanism.with_epsilon(epsilon).sample(s, generator=torch.Generator().manual_seed(k))
+        draws = posterior.sample_batched((DRAWS,), y=y, epsilon=epsilon, seed=k).cpu()  # (DRAWS, B, dim)
+        per = [spread(draws[:, b]) for b in range(releases)]
+        row = {"kind": "curve", "epsilon": epsilon, "releases": releases}
+        for key in ("sd", "width95"):
+            values = torch.tensor([p[key] for p in per])
+            row[key] = [round(v, 5) for v in values.mean(0).tolist()]
+            row[f"{key}_spread"] = [round(v, 5) for v in values.std(0).tolist()]
+        rows.append(row)
+    return rows
+
+
+def at_stored(name: str, posterior) -> list[dict]:
+    """The amortized posterior at the task's stored release at each of :data:`STORED`, against the reference."""
+    rows = []
+    for epsilon in STORED:
+        config = {"name": name, "epsilon": epsilon}
+        task = build_task(config)
+        reference = reference_posterior(
+            task,
+            config,
+            cache_dir=Path("~/.cache/dpsbi/references").expanduser(),
+            seed=0,
+            progress=False,
+            **REFERENCE,
+        )
+        draws = posterior.sample((DRAWS,), y=task.y_obs, epsilon=epsilon, seed=0).cpu()
+        rows.append(
+            {
+                "kind": "amortized at y_obs",
+                "epsilon": epsilon,
+                **spread(draws),
+                "reference": spread(reference.samples),
+                "c2st": round(dpsbi.metrics.c2st(draws, reference.samples, seed=0), 4),
+            }
+        )
+    return rows
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    done = set()
+    if args.out.exists():
+        done = {r["task"] for r in map(json.loads, args.out.read_text().splitlines()) if r.get("done")}
+    for name in args.tasks:
+        if name in done:
+            continue
+        task = build_task({"name": name, "epsilon": 1.0})
+        wall, cpu = time.perf_counter(), time.process_time()
+        settings = {"rounds": args.rounds} if args.rounds else {}
+        posterior = dpsbi.SPPE(
+            task, amortized=True, epsilon_range=RANGE, progress=False, seed=0, **settings
+        ).run()
+        fit = {
+            "fit_wall_s": round(time.perf_counter() - wall, 1),
+            "fit_cpu_s": round(time.process_time() - cpu, 1),
+        }
+        rows = curve(task, posterior, args.releases) + at_stored(name, posterior)
+        rows.append({"kind": "fit", **fit, "done": True})
+        with args.out.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"task": name, **row}) + "\n")
+                print(json.dumps({"task": name, **row}), flush=True)
+
+
+def report(args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in args.amortized.read_text().splitlines()]
+    separate = [
+        r
+        for r in map(json.loads, args.separate.read_text().splitlines())
+        if r.get("last") and r["schedule"] == "defaults" and r["method"] == "sppe" and r["seed"] == 0
+    ]
+    tasks = [t for t in args.tasks if any(r["task"] == t for r in rows)]
+    names = {t: build_task({"name": t, "epsilon": 1.0}).parameter_names for t in tasks}
+    columns = max(len(names[t]) for t in tasks)
+    fig, axes = plt.subplots(
+        2 * len(tasks), columns, figsize=(3.6 * columns, 5.2 * len(tasks)), squeeze=False
+    )
+    print(
+        "| task | epsilon | parameter | sd: amortized / separate / reference | 95 % width: amortized / separate / reference |"
+    )
+    print("|---|---|---|---|---|")
+    for t, task in enumerate(tasks):
+        line = [r for r in rows if r["task"] == task and r["kind"] == "curve"]
+        stored = [r for r in rows if r["task"] == task and r["kind"] == "amortized at y_obs"]
+        fits = {r["epsilon"]: r for r in separate if r["task"] == task}
+        for j, parameter in enumerate(names[task]):
+            for i, key in enumerate(("sd", "width95")):
+                ax = axes[2 * t + i, j]
+                eps = [r["epsilon"] for r in line]
+                mean = torch.tensor([r[key][j] for r in line])
+                band = torch.tensor([r[f"{key}_spread"][j] for r in line])
+                ax.plot(eps, mean, "-", color="C0", label="one amortized fit (mean over releases)")
+                ax.fill_between(eps, mean - band, mean + band, color="C0", alpha=0.2)
+                ax.plot(
+                    [r["epsilon"] for r in stored],
+                    [r[key][j] for r in stored],
+                    "o",
+                    color="C0",
+                    label="amortized, stored release",
+                )
+                ax.plot(
+                    [r["epsilon"] for r in stored],
+                    [r["reference"][key][j] for r in stored],
+                    "kx",
+                    ms=9,
+                    label="reference",
+                )
+                ax.plot(
+                    list(fits),
+                    [f[key][j] for f in fits.values()],
+                    "s",
+                    mfc="none",
+                    color="C3",
+                    label="separate fit (SPPE defaults)",
+                )
+                ax.set_xscale("log")
+                ax.set_xlabel("epsilon")
+                ax.set_title(
+                    f"{task}: {parameter}, {'posterior sd' if key == 'sd' else '95 % interval width'}",
+                    fontsize=9,
+                )
+        for r in stored:
+            fit = fits.get(r["epsilon"])
+            for j, parameter in enumerate(names[task]):
+                cells = [
+                    " / ".join(
+                        [
+                            f"{r[key][j]:.3g}",
+                            f"{fit[key][j]:.3g}" if fit else "-",
+                            f"{r['reference'][key][j]:.3g}",
+                        ]
+                    )
+                    for key in ("sd", "width95")
+                ]
+                print(f"| {task} | {r['epsilon']:g} | {parameter} | {cells[0]} | {cells[1]} |")
+    axes[0, 0].legend(fontsize=7)
+    for ax in axes.flat:
+        if not ax.has_data():
+            ax.set_visible(False)
+    fig.tight_layout()
+    if args.figure:
+        fig.savefig(args.figure, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--tasks", nargs="+", default=["regression", "sir"])
+    r.add_argument(
+        "--releases", type=int, default=20, help="releases of the confidential summary per epsilon"
+    )
+    r.add_argument("--rounds", type=int, help="rounds of the fit (default: the library's)")
+    r.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("report")
+    p.add_argument("amortized", type=Path)
+    p.add_argument("separate", type=Path)
+    p.add_argument("--tasks", nargs="+", default=["regression", "sir"])
+    p.add_argument("--figure", type=Path)
+    args = parser.parse_args()
+    run(args) if args.command == "run" else report(args)
+
+
+if __name__ == "__main__":
+    main()
