@@ -3,6 +3,7 @@ epsilon (mechanisms re-calibrated per simulation by ``with_epsilon``), and the p
 release, refusing one outside the trained range. Accuracy against the exact posteriors of the conjugate Gaussian
 and Poisson-counts tasks at several (release, epsilon) pairs."""
 
+import copy
 import math
 import warnings
 
@@ -246,6 +247,48 @@ def test_posterior_files_record_the_range_and_refuse_outside_it(gaussian_posteri
         outside.sample((5,), y=y)
 
 
+def test_a_default_epsilon_serves_tools_that_pass_releases_only(gaussian_posterior, tmp_path):
+    """``set_default_epsilon`` (checked against the range at once) is what every call without ``epsilon`` uses,
+    so that sbi's ``run_sbc`` (which passes releases only) calibrates the posterior at that epsilon: KS p > 0.01
+    against the exact posterior's ranks; ArviZ exports take ``epsilon=`` and record the one used; the default
+    survives saving."""
+    from sbi.diagnostics import check_sbc, run_sbc
+
+    _, posterior = gaussian_posterior
+    view = copy.copy(posterior)
+    with pytest.raises(ValueError, match="outside the range"):
+        view.set_default_epsilon(8.0)
+    y = torch.tensor([0.8, -0.3])
+    assert view.set_default_epsilon(3.0) is view
+    torch.testing.assert_close(
+        view.sample((20,), y=y, seed=1), posterior.sample((20,), y=y, epsilon=3.0, seed=1)
+    )
+    task = load("conjugate_gaussian", epsilon=3.0, **GAUSS)
+    torch.manual_seed(0)
+    theta = task.prior.sample((200,))
+    releases = task.simulate_release(theta, generator=torch.Generator().manual_seed(1))
+    ranks, dap = run_sbc(theta, releases, view, num_posterior_samples=300, show_progress_bar=False)
+    checks = check_sbc(ranks, task.prior.sample((200,)), dap, num_posterior_samples=300)
+    assert (checks["ks_pvals"] > 0.01).all(), checks["ks_pvals"]
+    noisier = load("conjugate_gaussian", epsilon=0.5, **GAUSS).simulate_release(
+        theta, torch.Generator().manual_seed(1)
+    )
+    assert (
+        check_sbc(wrong, theta, dap, num_posterior_samples=300)["ks_pvals"].min() < 1e-3
+    )  # releases of eps 0.5
+    assert check_sbc(wrong, theta, dap, num_posterior_samples=300)["ks_pvals"].min() < 1e-3  # too wide at 0.5
+
+    data = posterior.to_arviz(500, y=y, epsilon=2.0, seed=0, predictive=True)
+    assert data.posterior.attrs["epsilon"] == 2.0
+    torch.testing.assert_close(
+        torch.as_tensor(data.posterior["theta_1"].values[0]).float(),
+        posterior.sample((500,), y=y, epsilon=2.0, seed=0)[:, 0],
+    )
+    assert view.to_arviz(10, y=y).posterior.attrs["epsilon"] == 3.0
+    view.save(tmp_path / "view.pt")
+    assert dpsbi.load_posterior(tmp_path / "view.pt")._default_epsilon == 3.0
+
+
 def test_a_posterior_at_one_epsilon_takes_only_that_one(tmp_path):
     task = load("conjugate_gaussian", epsilon=1.0, **GAUSS)
     posterior = dpsbi.SPPE(task, amortized=True, rounds=1, sims_per_round=100, **TINY).run()
@@ -253,6 +296,8 @@ def test_a_posterior_at_one_epsilon_takes_only_that_one(tmp_path):
     posterior.sample((5,), epsilon=1.0)
     with pytest.raises(ValueError, match="trained at the task's epsilon = 1 only"):
         posterior.sample((5,), epsilon=2.0)
+    with pytest.raises(ValueError, match="trained at the task's epsilon = 1 only"):
+        posterior.set_default_epsilon(2.0)
 
 
 @pytest.fixture(scope="module")
@@ -342,3 +387,24 @@ def test_the_command_line_takes_amortized_and_epsilon_range():
         assert settings["amortized"] is True and list(settings["epsilon_range"]) == [0.5, 2]
         with pytest.raises(ConfigError, match="does not hold the task's epsilon"):
             plan(compose("config", overrides=[*base, "method.epsilon_range=[2,4]"]))
+
+
+def test_the_discrete_poisson_release_has_the_gamma_mixture_posterior():
+    """``poisson_counts(noise="discrete_laplace")`` releases integers; its exact posterior (the Gamma mixture) is
+    checked against quadrature of prior x sum_s Pois(s) DLap(y - s) with the mechanism's own pmf on a theta grid."""
+    for epsilon, y in ((0.15, 31.0), (1.5, 19.0)):
+        task = load("poisson_counts", epsilon=epsilon, noise="discrete_laplace")
+        assert task.mechanism.lattice == 1.0 and float(task.y_obs) == round(float(task.y_obs))
+        theta = torch.linspace(0.5, 80, 4000, dtype=torch.float64)
+        s = torch.arange(0, 400, dtype=torch.float64)
+        log_pois = s * theta[:, None].log() - theta[:, None] - torch.lgamma(s + 1)
+        log_mech = task.mechanism.log_prob(torch.tensor([[y]]), s[:, None].float()).double()
+        log_post = task.prior.log_prob(theta[:, None].float()).double() + torch.logsumexp(
+            log_pois + log_mech, -1
+        )
+        w = torch.softmax(log_post, 0)
+        exact = task.exact_posterior(torch.tensor([y]))
+        assert abs(float((w * theta).sum()) - float(exact.mean)) < 1e-3
+        assert abs(float((w * theta**2).sum() - (w * theta).sum() ** 2) - float(exact.variance)) < 1e-2
+    with pytest.raises(ValueError, match="noise must be one of"):
+        load("poisson_counts", noise="gaussian")

@@ -18,7 +18,7 @@ from dpsbi.baselines import abc_is, pmmh
 from dpsbi.experiment import methods, run_experiment
 from dpsbi.experiment.outputs import format_table
 from dpsbi.experiment.plots import ppc_plot
-from dpsbi.inference import FlowSettings, FlowPosterior
+from dpsbi.inference import FlowPosterior, FlowSettings
 from dpsbi.inference.flows import ConditionalFlow
 
 matplotlib.use("Agg")

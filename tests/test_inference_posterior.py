@@ -13,7 +13,7 @@ import torch
 import dpsbi
 import dpsbi.inference.posterior as posterior_module
 from dpsbi.files import load_sealed, save_sealed
-from dpsbi.inference import ConditionalFlow, FlowSettings, FlowPosterior, LikelihoodPosterior, load_posterior
+from dpsbi.inference import ConditionalFlow, FlowPosterior, FlowSettings, LikelihoodPosterior, load_posterior
 from dpsbi.mechanisms import Laplace
 
 TINY = dict(flow=dict(transforms=1, hidden=8), training=dict(max_epochs=2), progress=False)

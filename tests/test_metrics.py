@@ -141,7 +141,7 @@ def test_calibration_needs_enough_runs(conjugate):
 def test_calibration_of_a_flow_posterior_costs_one_flow_call(conjugate, monkeypatch):
     """SBC and TARP share one ``sample_batched`` call, which is one flow call for 50 runs x 100 draws; the
     result is fixed by the seed."""
-    from dpsbi.inference import ConditionalFlow, FlowSettings, FlowPosterior
+    from dpsbi.inference import ConditionalFlow, FlowPosterior, FlowSettings
 
     theta = conjugate.prior.sample((50,))
     flow = ConditionalFlow(FlowSettings(transforms=1, hidden=8), theta, conjugate.simulate_release(theta))
