@@ -4,7 +4,8 @@ C2ST against the exact posterior (quadrature, as on the page).
 
 The task, the curator's OpenDP pipeline and the exact posterior are the page's own code: its ``# file:``
 blocks are written to a temporary directory and imported, so the script measures what the page shows.
-Every round appends a JSON line to ``--out``: method, release, round, simulations, ``fit_seconds`` (the
+Every round appends a JSON line to ``--out``: method, release, round (from 1; lines written while the library
+counted rounds from 0 start at 0), simulations, ``fit_seconds`` (the
 estimator's own round times, summed: simulation, proposals, training), ``sample_seconds`` (drawing the
 ``--draws`` posterior draws scored; SPLE's are MCMC), ``seconds`` (their sum: the time to have those draws had
 the fit stopped there) and ``c2st``; a last line per fit gives the whole fit's wall time (scoring excluded).
@@ -60,7 +61,7 @@ def fit(
     rows: list[dict] = []
     scoring = [0.0]
 
-    def score(r: int, posterior, num_simulations: int) -> None:
+    def score(round_number: int, posterior, num_simulations: int) -> None:
         began = time.perf_counter()
         theta = posterior.sample((draws,), seed=1)
         sampled = time.perf_counter() - began
@@ -68,7 +69,7 @@ def fit(
             **common,
             "method": method.method,
             "release": release,
-            "round": r,
+            "round": round_number,
             "num_simulations": num_simulations,
             "fit_seconds": round(sum(entry["seconds"] for entry in estimator.history), 1),
             "sample_seconds": round(sampled, 1),
@@ -80,7 +81,7 @@ def fit(
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(
-            f"{method.method} round {r}: {num_simulations} simulations, {row['seconds']} s, C2ST {row['c2st']}",
+            f"{method.method} round {round_number}: {num_simulations} simulations, {row['seconds']} s, C2ST {row['c2st']}",
             flush=True,
         )
         scoring[0] += time.perf_counter() - began  # not part of the fit

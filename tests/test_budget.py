@@ -22,12 +22,11 @@ def task():
 @pytest.mark.parametrize("method", ["SPPE", "SPLE", "NaiveNPE"])
 def test_a_simulation_budget_is_never_exceeded(task, method):
     mcmc = dict(mcmc=dict(num_chains=20, warmup=5, init_candidates=100)) if method == "SPLE" else {}
-    estimator = getattr(dpsbi, method)(
-        task, rounds=5, sims_per_round=100, budget=dict(simulations=250), **mcmc, **TINY
-    )
+    size = dict(num_simulations=500) if method == "NaiveNPE" else dict(rounds=5, sims_per_round=100)
+    estimator = getattr(dpsbi, method)(task, **size, budget=dict(simulations=250), **mcmc, **TINY)
     estimator.run()
     counts = [entry["num_simulations"] for entry in estimator.history]
-    if method == "NaiveNPE":  # one round of rounds x sims_per_round, cut to the budget
+    if method == "NaiveNPE":  # one round of num_simulations, cut to the budget
         assert counts == [250] and estimator.stop_reason == "rounds"
     else:  # 100, 200, then a round cut to the 50 left
         assert counts == [100, 200, 250] and estimator.stop_reason == "simulations"

@@ -79,8 +79,7 @@ TINY = {
     ],
     "naive_npe": [
         "task=poisson_counts",
-        "method.rounds=1",
-        "method.sims_per_round=100",
+        "method.num_simulations=100",
         *NEURAL,
         "evaluation.calibration_runs=20",
         "evaluation.calibration_samples=100",
@@ -327,8 +326,11 @@ def test_one_budget_sets_every_neural_method():
     )
     settings = {method.name: s for method, s in plan(cfg).methods}
     assert list(settings) == ["sppe", "sple", "naive_npe", "smc_abc"]
-    for name in ("sppe", "sple", "naive_npe"):  # the budget overrides the method configs and method_settings
+    for name in ("sppe", "sple"):  # the budget overrides the method configs and method_settings
         assert (settings[name]["rounds"], settings[name]["sims_per_round"]) == (1, 50)
+    assert settings["naive_npe"]["num_simulations"] == 50  # rounds x sims_per_round, in its one round
+    assert not {"rounds", "sims_per_round"} & set(settings["naive_npe"])
+    for name in ("sppe", "sple", "naive_npe"):
         training = settings[name]["training"]
         assert training["max_epochs"] == 3 and training["patience"] == 20 and training["accelerator"] == "cpu"
     assert (
@@ -342,6 +344,13 @@ def test_one_budget_sets_every_neural_method():
         unset["sple"]["sims_per_round"],
         unset["naive_npe"]["training"]["max_steps"],
     ) == (10, 1000, 500)
+    assert unset["naive_npe"]["num_simulations"] == 10_000
+    for budget, total in (
+        (["budget.rounds=3"], 3000),
+        (["budget.sims_per_round=40"], 400),
+    ):  # SPPE's other one
+        half = {m.name: s for m, s in plan(config("companions=[naive_npe]", *budget)).methods}
+        assert half["naive_npe"]["num_simulations"] == total
 
 
 @pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])
@@ -424,7 +433,7 @@ def test_a_method_out_of_simulation_budget_ends_in_one_line(tmp_path):
 
 
 def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
-    naive = "{rounds: 1, sims_per_round: 100, training: {max_epochs: 2}, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
+    naive = "{num_simulations: 100, training: {max_epochs: 2}, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
     # mhaar cannot run on poisson_counts (no record model): the sweep goes on, then says so and exits 1.
     sweep = _cli(
         "dpsbi-run",

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import dpsbi
+from dpsbi.files import load_sealed, save_sealed
+from dpsbi.inference import checkpoint
 from dpsbi.inference.estimator import PROBE_ROWS
 from dpsbi.metrics import c2st
 
@@ -53,10 +55,10 @@ def test_sppe_matches_the_exact_private_posterior(sppe_run, exact):
 
 def test_sppe_reports_every_round_and_its_first_round_is_amortized(task, sppe_run):
     post, calls = sppe_run
-    assert [(index, n) for index, _, n in calls] == [(0, 400), (1, 800)]
+    assert [(number, n) for number, _, n in calls] == [(1, 400), (2, 800)]  # rounds numbered from 1
     first = calls[0][1]
     assert calls[1][1] is post and first.amortized and not post.amortized
-    # The round-0 posterior (trained on prior draws) is valid at another release.
+    # The first round's posterior (trained on prior draws) is valid at another release.
     y = torch.tensor([[-1.0, 1.5]])
     torch.manual_seed(2)
     assert c2st(first.sample((1000,), y=y, seed=0), task.exact_posterior(y).sample((1000,))) <= 0.6
@@ -65,7 +67,7 @@ def test_sppe_reports_every_round_and_its_first_round_is_amortized(task, sppe_ru
 
 
 def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_its_region(task, exact):
-    """TSNPE variant: round 1 proposes from the prior cut to the round-0 posterior's 1 - 1e-3 region (every
+    """TSNPE variant: round 2 proposes from the prior cut to round 1's posterior's 1 - 1e-3 region (every
     proposal at or above the density threshold) and trains without atoms."""
     from dpsbi.inference.seeding import derive_seed
     from dpsbi.inference.truncation import density_threshold
@@ -83,10 +85,12 @@ def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_
     )
     post = estimator.run()
     assert c2st(post.sample((1000,), seed=0), exact) <= 0.6
-    proposed = estimator.data["theta"][estimator.data["round"] == 1]
+    assert [entry["round"] for entry in estimator.history] == [1, 2]
+    proposed = estimator.data["theta"][estimator.data["round"] == 2]  # round 2's simulations
+    assert proposed.shape[0] == 400 and (estimator.data["round"] == 1).sum() == 400
     threshold = density_threshold(
         posteriors[0], 1e-3, 20_000, derive_seed(derive_seed(0, 1, "propose"), "threshold")
-    )  # the run's
+    )  # the run's (seeds are keyed by the round's 0-based index)
     assert (posteriors[0].log_prob(proposed) >= threshold).all()
     prior = task.prior.sample((4000,))
     assert (
@@ -104,7 +108,7 @@ def test_naive_npe_fits_the_non_private_posterior_and_misses_the_private_one(tas
     """NaiveNPE learns theta | s, i.e. N(y / (1 + v), v / (1 + v)) with v = 0.09 at s = y_obs, and so misses
     the private posterior, whose variance also counts the mechanism's sigma^2 = 0.25."""
     post = dpsbi.NaiveNPE(
-        task, rounds=1, sims_per_round=1000, **{**SMALL, "training": dict(max_epochs=60, patience=10)}
+        task, num_simulations=1000, **{**SMALL, "training": dict(max_epochs=60, patience=10)}
     ).run()
     draws = post.sample((1000,), seed=0)
     v = 0.09
@@ -146,19 +150,22 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
     )
     reference = dpsbi.SPPE(dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0), **settings).run()
 
-    def kill_after_round_1(index, posterior, n):
-        if index == 1:
+    def kill_after_round_2(number, posterior, n):
+        if number == 2:
             raise Interrupt
 
     task, calls = _counting(dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0))
     with pytest.raises(Interrupt):
-        dpsbi.SPPE(task, checkpoint_dir=tmp_path, on_round_end=kill_after_round_1, **settings).run()
+        dpsbi.SPPE(task, checkpoint_dir=tmp_path, on_round_end=kill_after_round_2, **settings).run()
     assert calls == [100, 100]
     rounds_seen = []
-    resumed = dpsbi.SPPE(
+    estimator = dpsbi.SPPE(
         task, checkpoint_dir=tmp_path, on_round_end=lambda i, p, n: rounds_seen.append((i, n)), **settings
-    ).run()
-    assert calls == [100, 100, 100] and rounds_seen == [(2, 300)]  # only round 2 simulated and trained
+    )
+    resumed = estimator.run()
+    assert calls == [100, 100, 100] and rounds_seen == [(3, 300)]  # only round 3 simulated and trained
+    assert [entry["round"] for entry in estimator.history] == [1, 2, 3]
+    assert estimator.data["round"].tolist() == [1] * 100 + [2] * 100 + [3] * 100
     assert torch.equal(
         resumed.sample((50,), seed=7), reference.sample((50,), seed=7)
     )  # same as never interrupted
@@ -175,6 +182,20 @@ def test_a_killed_run_resumes_from_its_last_round_without_resimulating(tmp_path)
             checkpoint_dir=tmp_path,
             **{**settings, "training": dict(max_epochs=2, validation_fraction=0.1)},
         ).run()
+
+
+def test_a_checkpoint_of_version_2_which_counted_rounds_from_0_is_refused(tmp_path):
+    settings = dict(rounds=1, sims_per_round=50, flow=dict(transforms=1, hidden=8), progress=False)
+    settings["training"] = dict(max_epochs=1)
+    task = dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0)
+    dpsbi.SPPE(task, checkpoint_dir=tmp_path, **settings).run()
+    path = checkpoint.path(tmp_path)
+    payload = load_sealed(path, "checkpoint")
+    assert payload["version"] == checkpoint.VERSION == 3
+    save_sealed({**payload, "version": 2}, path)
+    with pytest.raises(ValueError, match=r"is not a dpsbi checkpoint of version 3$") as refused:
+        dpsbi.SPPE(task, checkpoint_dir=tmp_path, **settings).run()
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
@@ -242,12 +263,22 @@ def test_a_flat_training_setting_is_pointed_to_training(task):
         dpsbi.SPLE(task, foo=1)
 
 
-def test_naive_npe_spends_the_sequential_budget_in_one_round(task):
-    naive = dpsbi.NaiveNPE(task, rounds=3, sims_per_round=20)
+def test_naive_npe_spends_num_simulations_in_one_round(task):
+    naive = dpsbi.NaiveNPE(task, num_simulations=60)
     assert (naive.rounds, naive.sims_per_round, naive.inner_samples) == (1, 60, 1)
-    assert dpsbi.NaiveNPE(task).sims_per_round == dpsbi.SPPE(task).rounds * dpsbi.SPPE(task).sims_per_round
-    with pytest.raises(ValueError, match="rounds >= 1"):
-        dpsbi.NaiveNPE(task, rounds=0)
+    assert repr(naive) == "NaiveNPE(task='conjugate_gaussian', num_simulations=60)"
+    sppe = dpsbi.SPPE.defaults()
+    assert dpsbi.NaiveNPE.defaults()["num_simulations"] == sppe["rounds"] * sppe["sims_per_round"] == 10_000
+    assert not {"rounds", "sims_per_round", "inner_samples", "qmc"} & set(dpsbi.NaiveNPE.defaults())
+    assert dpsbi.NaiveNPE.defaults(paper=True)["num_simulations"] == 10_000
+    with pytest.raises(ValueError, match="num_simulations >= 2"):
+        dpsbi.NaiveNPE(task, num_simulations=1)
+    for sequential in (dict(rounds=3), dict(sims_per_round=20), dict(rounds=3, sims_per_round=20)):
+        with pytest.raises(
+            TypeError, match=r"^NaiveNPE got unexpected keyword arguments .*one round: .* num_simulations"
+        ) as error:
+            dpsbi.NaiveNPE(task, **sequential)
+        assert "\n" not in str(error.value) and sorted(sequential)[0] in str(error.value)
 
 
 def test_sequential_rounds_need_an_observed_release():

@@ -25,7 +25,8 @@ def _task():
 
 
 class Interrupted(dpsbi.SPPE):
-    """SPPE whose training step ``step`` of round ``at`` raises ``KeyboardInterrupt`` once, as Ctrl-C would."""
+    """SPPE whose training step ``step`` of the round at ``round_index`` (0-based), ``at = (round_index, step)``,
+    raises ``KeyboardInterrupt`` once, as Ctrl-C would."""
 
     at: tuple[int, int] | None = None
 
@@ -101,13 +102,13 @@ def test_ctrl_c_in_training_is_a_keyboard_interrupt_with_finished_rounds_kept(tm
     task = _task()
     handler = signal.getsignal(signal.SIGINT)
     estimator = Interrupted(task, rounds=3, checkpoint_dir=tmp_path, **TINY)
-    estimator.at = (1, 3)
+    estimator.at = (1, 3)  # in round 2
     with pytest.raises(KeyboardInterrupt):  # Lightning turns it into SystemExit(1)
         estimator.run()
     assert signal.getsignal(signal.SIGINT) is handler  # Lightning leaves SIGINT ignored
     assert len(estimator.history) == 1
     resumed = dpsbi.SPPE(task, rounds=3, checkpoint_dir=tmp_path, **TINY)
     draws = resumed.run().sample((50,), seed=0)
-    assert [row["round"] for row in resumed.history] == [0, 1, 2] and resumed.num_simulations == 300
+    assert [row["round"] for row in resumed.history] == [1, 2, 3] and resumed.num_simulations == 300
     straight = dpsbi.SPPE(task, rounds=3, **TINY)
     torch.testing.assert_close(draws, straight.run().sample((50,), seed=0))

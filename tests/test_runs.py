@@ -293,8 +293,7 @@ def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
     overrides = [
         *QUICK,
         "method=naive_npe",
-        "method.rounds=1",
-        "method.sims_per_round=100",
+        "method.num_simulations=100",
         "method.training.max_epochs=2",
         f"method.flow={FLOW}",
         "evaluation.calibration_runs=20",
@@ -319,8 +318,12 @@ def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
         (["method.qmc=true", "method.inner_samples=3"], "method 'sppe': .*inner_samples"),
         (["method.flow.hidden=0"], "method 'sppe': .*hidden"),
         (
-            ["companions=[naive_npe]", "+method_settings.naive_npe.sims_per_round=1"],
-            "method 'naive_npe': .*sims_per_round",
+            ["companions=[naive_npe]", "+method_settings.naive_npe.num_simulations=1"],
+            "method 'naive_npe': .*num_simulations >= 2",
+        ),
+        (  # NaiveNPE trains one round: the sequential methods' keys point to num_simulations
+            ["companions=[naive_npe]", "+method_settings.naive_npe.sims_per_round=100"],
+            "method 'naive_npe': .*'sims_per_round'.*one round: .*num_simulations",
         ),
         (["method.training.patience=0"], "method 'sppe': .*patience"),
         (["+method.max_epochs=2"], r"method 'sppe': .*training=dict\(max_epochs=2\)"),

@@ -19,7 +19,8 @@ from torch import Tensor
 from ..diagnostics import DRAWS_PER_CHAIN, summary
 from ..tasks import Task
 
-#: ``on_round(index, draws (n, dim_theta), num_simulations, state)``; ``state`` is what gets saved.
+#: ``on_round(round_number, draws (n, dim_theta), num_simulations, state)``, rounds numbered from 1 (as the
+#: estimators' ``on_round_end`` numbers them); ``state`` is what gets saved.
 RoundCallback = Callable[[int, Tensor, int, Any], None]
 
 
@@ -218,14 +219,22 @@ def _estimator(
 def budget_settings(method: Method, budget: dict) -> dict:
     """The settings that the neural ``budget`` (``{key: value}``) gives ``method``: a key the estimator takes
     as an argument (``rounds``, ``sims_per_round``, ``inner_samples``) as it is, a key of
-    :class:`~dpsbi.inference.training.TrainingSettings` (``max_epochs``, ``max_steps``) in ``training``. Other keys
-    (NaiveNPE's ``inner_samples``, fixed at 1) are left out, and a classical baseline gets nothing."""
+    :class:`~dpsbi.inference.training.TrainingSettings` (``max_epochs``, ``max_steps``) in ``training``. An
+    estimator that takes ``num_simulations`` in one round (NaiveNPE) gets ``rounds x sims_per_round`` of them,
+    the one of the two the budget leaves unset taken from :meth:`dpsbi.SPPE.defaults`, so that one budget gives
+    every neural method the same number of simulations. Other keys (NaiveNPE's ``inner_samples``, fixed at 1)
+    are left out, and a classical baseline gets nothing."""
     if not method.neural:
         return {}
+    from ..inference import SPPE
     from ..inference.training import TrainingSettings
 
     arguments = inspect.signature(method.load()).parameters
     settings = {k: v for k, v in budget.items() if k in arguments}
+    sequential = {k: budget[k] for k in ("rounds", "sims_per_round") if k in budget}
+    if "num_simulations" in arguments and sequential:
+        per_round = {**{k: SPPE.defaults()[k] for k in ("rounds", "sims_per_round")}, **sequential}
+        settings["num_simulations"] = per_round["rounds"] * per_round["sims_per_round"]
     training = {k: v for k, v in budget.items() if k in TrainingSettings.field_names()}
     return {**settings, "training": training} if training else settings
 
@@ -278,12 +287,12 @@ def fit(
     on_round: RoundCallback,
 ) -> Any:
     """Fit ``method`` on ``task`` with keyword ``settings`` (its config); ``on_round`` receives every round's
-    ``num_samples`` draws at ``task.y_obs``, rounds counted from 1 (a neural estimator resumed from
+    ``num_samples`` draws at ``task.y_obs``, rounds numbered from 1 (a neural estimator resumed from
     ``checkpoint_dir`` reports only the rounds it trains). Returns the final state (posterior or baseline result)."""
     if method.neural:
 
-        def round_end(index: int, posterior, num_simulations: int) -> None:  # estimators count rounds from 0
-            on_round(index + 1, posterior.sample((num_samples,), seed=seed), num_simulations, posterior)
+        def round_end(round_number: int, posterior, num_simulations: int) -> None:
+            on_round(round_number, posterior.sample((num_samples,), seed=seed), num_simulations, posterior)
 
         return _estimator(
             method,

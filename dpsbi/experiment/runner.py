@@ -145,18 +145,20 @@ def _fit_and_score(
     resumed = rows[-1]["wall_time"] if rows else 0.0
     start, scoring = time.perf_counter(), 0.0
 
-    def on_round(index: int, draws: Tensor, num_simulations: int, state: Any) -> None:
+    def on_round(round_number: int, draws: Tensor, num_simulations: int, state: Any) -> None:
         nonlocal rows, scoring
         tic = time.perf_counter()
-        earlier = [row for row in rows if row["round"] < index]  # a round reported again replaces its row
+        earlier = [
+            row for row in rows if row["round"] < round_number
+        ]  # a round reported again replaces its row
         elapsed = resumed + tic - start - scoring
-        save_state(state, directory / "rounds" / f"round_{index:02d}.pt")
-        write_draws(directory / f"samples_round_{index:02d}.csv", draws, names)
+        save_state(state, directory / "rounds" / f"round_{round_number:02d}.pt")
+        write_draws(directory / f"samples_round_{round_number:02d}.csv", draws, names)
         row = {
             "task": task.name,
             "epsilon": task.epsilon,
             "method": method.name,
-            "round": index,
+            "round": round_number,
             "num_simulations": int(num_simulations),
             "wall_time": elapsed,
             **score(draws),
@@ -165,7 +167,7 @@ def _fit_and_score(
         log.info(
             "%s round %d: %s",
             method.name,
-            index,
+            round_number,
             ", ".join(f"{k}={_short(v)}" for k, v in row.items() if k not in ("task", "method", "round")),
         )
         rows = earlier + [row]

@@ -5,7 +5,8 @@ through here, and the experiment layer and the fault-injection script name the f
 A checkpoint is a sealed ``torch.save`` dict (:func:`dpsbi.files.save_sealed`) holding ``format`` and
 ``version``, the run's ``fingerprint`` and ``history`` (JSON strings), the flow's ``flow_shape`` ``[dim,
 context_dim]`` and ``flow`` state_dict, every stored simulation ``data`` (``theta``, ``s``, ``round``,
-``validation``, and ``epsilon`` when amortized over epsilon) and the simulator ``probe``."""
+``validation``, and ``epsilon`` when amortized over epsilon) and the simulator ``probe``. Rounds (``history``'s
+``"round"``, ``data["round"]``) are numbered from 1."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ..files import load_sealed, save_sealed
 from ..tasks.identity import differences
 
 FORMAT = "dpsbi-checkpoint"
-VERSION = 2
+#: 3: rounds numbered from 1 in ``history`` and ``data["round"]`` (version 2 numbered them from 0).
+VERSION = 3
 #: The checkpoint's file name inside a ``checkpoint_dir``.
 FILE = "checkpoint.pt"
 #: Settings that may change between a run and its resumption.

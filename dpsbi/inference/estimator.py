@@ -38,6 +38,8 @@ from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
 
+#: ``on_round_end(round_number, posterior, num_simulations)``, after every finished round; ``round_number``
+#: counts from 1, as ``history``'s ``"round"`` does.
 RoundCallback = Callable[[int, Posterior, int], None]
 #: Draws of the posterior at ``y_obs`` (under a fixed seed) compared between rounds by ``stop_when_stable``.
 STABILITY_DRAWS = 2000
@@ -101,14 +103,15 @@ class SequentialEstimator(abc.ABC):
     """Base of the neural estimators. Subclasses say what the flow models (:meth:`flow_data`), which loss
     trains it in a round (:meth:`loss`), and which posterior it gives (:meth:`posterior`).
 
-    Round ``r`` (0-based) draws ``sims_per_round`` parameters from the prior (``r = 0``) or from the
-    current posterior at ``task.y_obs``, simulates their confidential summaries, holds out
-    ``training.validation_fraction`` of them for validation, and trains the flow (continuing from the
-    previous round's weights) on all simulations so far. With ``checkpoint_dir`` the state after each round
+    Rounds are numbered from 1 (``history``, ``on_round_end``, messages). A round draws ``sims_per_round``
+    parameters from the prior (the first round) or from the current posterior at ``task.y_obs``, simulates
+    their confidential summaries, holds out ``training.validation_fraction`` of them for validation, and
+    trains the flow (continuing from the previous round's weights) on all simulations so far. With ``checkpoint_dir`` the state after each round
     is written there and :meth:`run` resumes from the last finished round with the stored simulations, after
     checking that the checkpoint was made by the same settings and the same task (prior, mechanism, epsilon,
     release, and the simulator: a few stored parameters are re-simulated with their stored seed).
-    ``on_round_end(round_index, posterior, num_simulations)`` is called after each round.
+    ``on_round_end(round_number, posterior, num_simulations)`` is called after each round (``round_number``
+    from 1).
 
     Arguments (each estimator's defaults are measured to reach the reference fast on a CPU; :meth:`paper`
     gives the paper's settings): ``rounds`` x ``sims_per_round`` simulations;
@@ -340,19 +343,21 @@ class SequentialEstimator(abc.ABC):
 
     @abc.abstractmethod
     def loss(self, round_index: int) -> Loss:
-        """The loss of round ``round_index`` (0-based)."""
+        """The loss of the round at ``round_index``: a 0-based index (the first round is 0), the round's
+        number minus 1."""
 
     @abc.abstractmethod
     def posterior(self, round_index: int) -> Posterior:
-        """The posterior after round ``round_index``, on a copy of the current flow."""
+        """The posterior after the round at ``round_index`` (0-based), on a copy of the current flow."""
 
     def options(self) -> dict:
         """Method-specific settings (part of the checkpoint's fingerprint)."""
         return {}
 
-    def proposal_draws(self, r: int, posterior: Posterior, n: int, seed: int) -> Tensor:
-        """Round ``r``'s ``n`` parameters ``(n, dim_theta)`` after the first round: the posterior at ``task.y_obs``
-        (subclasses may propose otherwise), drawn under ``seed``. Not called when ``amortized``."""
+    def proposal_draws(self, round_index: int, posterior: Posterior, n: int, seed: int) -> Tensor:
+        """The ``n`` parameters ``(n, dim_theta)`` of the round at ``round_index`` (0-based, so at least 1: not
+        the first round): the posterior at ``task.y_obs`` (subclasses may propose otherwise), drawn under
+        ``seed``. Not called when ``amortized``."""
         return posterior.sample((n,), seed=seed)
 
     # ---- the loop -----------------------------------------------------------------------------------
@@ -389,10 +394,10 @@ class SequentialEstimator(abc.ABC):
             disable=not self.progress or start >= self.rounds,
         )
         with bar:
-            for r in range(start, self.rounds):
-                if r and self._stops_before():
+            for index in range(start, self.rounds):
+                if index and self._stops_before():
                     break
-                posterior = self._round(r, posterior, bar)
+                posterior = self._round(index, posterior, bar)
                 bar.update(1)
         return posterior
 
@@ -448,15 +453,16 @@ class SequentialEstimator(abc.ABC):
         spread = torch.log(after[1].clamp_min(1e-300) / sd).abs().max()
         return float(torch.maximum(shift, spread))
 
-    def _round(self, r: int, posterior: Posterior | None, bar: tqdm) -> Posterior:
-        """Simulate and train round ``r`` from the previous round's ``posterior``; returns the new one. A
-        round either finishes (its simulations and weights kept, the checkpoint written) or leaves the
-        estimator as it found it: after an exception or Ctrl-C, :meth:`run` again redoes the round from the
-        same state (the same simulations, appended ones included, and the same result), never storing any twice."""
+    def _round(self, index: int, posterior: Posterior | None, bar: tqdm) -> Posterior:
+        """Simulate and train the round at ``index`` (0-based: its number is ``index + 1``) from the previous
+        round's ``posterior``; returns the new one. A round either finishes (its simulations and weights kept,
+        the checkpoint written) or leaves the estimator as it found it: after an exception or Ctrl-C,
+        :meth:`run` again redoes the round from the same state (the same simulations, appended ones included,
+        and the same result), never storing any twice."""
         began, rows, pending = time.perf_counter(), self.num_simulations, self.pending
         weights = None if self.flow is None else copy.deepcopy(self.flow.state_dict())
         try:
-            self._simulate(r, posterior)
+            self._simulate(index, posterior)
             if self.flow is None:
                 self.flow = self._build_flow()
             bar.set_postfix_str(f"{self.num_simulations} simulations, training")
@@ -469,15 +475,15 @@ class SequentialEstimator(abc.ABC):
 
             fit = fit_flow(
                 self.flow,
-                self.loss(r),
+                self.loss(index),
                 self._dataset(False),
                 self._dataset(True),
                 self.training,
-                derive_seed(self.seed, r, "fit"),
-                f"{self.method} round {r}",
+                derive_seed(self.seed, index, "fit"),
+                f"{self.method} round {index + 1}",
                 on_epoch,
             )
-            posterior = self.posterior(r)
+            posterior = self.posterior(index)
             stability = None if self.stop_when_stable is None else self.stability_summary(posterior)
         except BaseException:
             self.data = {k: v[:rows] for k, v in self.data.items()} if rows else {}
@@ -488,7 +494,7 @@ class SequentialEstimator(abc.ABC):
                 self.flow.load_state_dict(weights)
             raise
         entry = {
-            "round": r,
+            "round": index + 1,
             "num_simulations": self.num_simulations,
             "seconds": time.perf_counter() - began,
             **fit,
@@ -503,7 +509,7 @@ class SequentialEstimator(abc.ABC):
             entry["stop"] = reason
         self._save_checkpoint()
         if self.on_round_end is not None:
-            self.on_round_end(r, posterior, self.num_simulations)
+            self.on_round_end(index + 1, posterior, self.num_simulations)
         return posterior
 
     def append_simulations(self, theta: Tensor, s) -> SequentialEstimator:
@@ -543,9 +549,9 @@ class SequentialEstimator(abc.ABC):
                 return self.task.prior.sample((n,))
         return self.proposal_draws(finished, self.posterior(finished - 1), n, seed).to(self.space.device)
 
-    def _simulate(self, r: int, posterior: Posterior | None) -> None:
-        """This round's parameters and summaries (appended ones, or drawn from the proposal and simulated),
-        with their validation rows, added to the stored simulations."""
+    def _simulate(self, index: int, posterior: Posterior | None) -> None:
+        """The parameters and summaries of the round at ``index`` (0-based; appended ones, or drawn from the
+        proposal and simulated), with their validation rows and round number, added to the stored simulations."""
         if self.pending is not None:
             (theta, s), self.pending = self.pending, None
             if (
@@ -557,10 +563,10 @@ class SequentialEstimator(abc.ABC):
                     f"{self.num_simulations + theta.shape[0]}, past budget simulations={self.budget.simulations}"
                 )
             generator = torch.Generator(device=theta.device).manual_seed(
-                derive_seed(self.seed, r, "validation")
+                derive_seed(self.seed, index, "validation")
             )
         else:
-            theta, s, generator = self._draw_and_simulate(r, posterior)
+            theta, s, generator = self._draw_and_simulate(index, posterior)
         n = theta.shape[0]
         validation = torch.zeros(n, dtype=torch.bool, device=theta.device)
         validation[
@@ -571,34 +577,37 @@ class SequentialEstimator(abc.ABC):
         new = {
             "theta": theta,
             "s": s,
-            "round": torch.full((n,), r, device=theta.device),
+            "round": torch.full((n,), index + 1, device=theta.device),  # the round's number, from 1
             "validation": validation,
         }
         if self.epsilon_range is not None:  # each simulation's own epsilon, whatever made the simulation
             epsilon_generator = torch.Generator(device=theta.device).manual_seed(
-                derive_seed(self.seed, r, "epsilon")
+                derive_seed(self.seed, index, "epsilon")
             )
             new["epsilon"] = log_uniform(*self.epsilon_range, n, epsilon_generator, theta.device)
         self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
 
     def _draw_and_simulate(
-        self, r: int, posterior: Posterior | None
+        self, index: int, posterior: Posterior | None
     ) -> tuple[Tensor, Tensor, torch.Generator]:
         """``sims_per_round`` parameters (fewer where the simulation budget cuts the round) from the prior (no
         ``posterior`` yet, or ``amortized``) or the posterior at ``y_obs``, their simulated summaries, and the
-        simulation's generator (it goes on to pick the validation rows), all seeded by ``(seed, r)``."""
+        simulation's generator (it goes on to pick the validation rows), all seeded by ``(seed, index)`` (the
+        round's 0-based index)."""
         n = (
             self._round_size() or self.sims_per_round
         )  # _run stops before a round the budget leaves no room for
         if posterior is None or self.amortized:
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(self.seed, r, "prior"))
+                torch.manual_seed(derive_seed(self.seed, index, "prior"))
                 theta = self.task.prior.sample((n,))
         else:
-            theta = self.proposal_draws(r, posterior, n, derive_seed(self.seed, r, "propose")).to(
+            theta = self.proposal_draws(index, posterior, n, derive_seed(self.seed, index, "propose")).to(
                 self.space.device
             )
-        generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, r, "simulate"))
+        generator = torch.Generator(device=theta.device).manual_seed(
+            derive_seed(self.seed, index, "simulate")
+        )
         return theta, self.task.simulate(theta, generator), generator
 
     def _drop_pending_if_stored(self) -> None:

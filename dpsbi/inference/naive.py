@@ -4,7 +4,7 @@ statistic, to show the bias of ignoring the privacy mechanism."""
 from __future__ import annotations
 
 from ..tasks import Task
-from .estimator import SequentialEstimator
+from .estimator import SequentialEstimator, unexpected_keywords
 from .losses import posterior_loss
 from .posterior import FlowPosterior
 from .training import Loss
@@ -15,19 +15,24 @@ class NaiveNPE(SequentialEstimator):
     summaries and then evaluated at the release ``y_obs`` as if it were one. Its posterior ignores the
     mechanism's noise (overconfident, biased).
 
-    ``rounds`` and ``sims_per_round`` are the simulation budget of the sequential methods, spent at once:
-    NaiveNPE trains one round on ``rounds * sims_per_round`` prior draws (the defaults, 10 x 1000, match
-    SPPE's), so that one budget gives every neural method the same number of simulations. Takes
-    the keyword arguments of :class:`~dpsbi.inference.estimator.SequentialEstimator` (``flow``,
-    ``training``, ``seed``, ``budget``, ...); it uses one release per summary (``inner_samples=1``, no RQMC). Its
+    It trains one round on ``num_simulations`` prior draws (the default, 10 000, is SPPE's 10 rounds x 1000,
+    so that the two spend the same simulations); it takes no ``rounds`` or ``sims_per_round``. Takes the
+    keyword arguments of :class:`~dpsbi.inference.estimator.SequentialEstimator` (``flow``, ``training``,
+    ``seed``, ``budget``, ...); it uses one release per summary (``inner_samples=1``, no RQMC). Its
     posterior is amortized whatever ``amortized`` says (one round from the prior); a simulation ``budget`` cuts
     that round, a budget in seconds and ``stop_when_stable`` have no later round to stop."""
 
     method = "NaiveNPE"
-    paper_settings = {"rounds": 10, "sims_per_round": 1000}
+    paper_settings = {"num_simulations": 10_000}
     unused_arguments = ("amortized", "epsilon_range", "stop_when_stable")
 
-    def __init__(self, task: Task, rounds: int = 10, sims_per_round: int = 1000, **kwargs) -> None:
+    def __init__(self, task: Task, num_simulations: int = 10_000, **kwargs) -> None:
+        sequential = sorted({"rounds", "sims_per_round"} & set(kwargs))
+        if sequential:
+            raise TypeError(
+                f"{unexpected_keywords(self.method, {k: kwargs[k] for k in sequential})}; NaiveNPE trains one "
+                "round: give its total number of simulations as num_simulations (rounds x sims_per_round)"
+            )
         if kwargs.get("epsilon_range") is not None:
             raise ValueError(
                 "NaiveNPE ignores the mechanism, so its posterior does not depend on epsilon: it takes no epsilon_range"
@@ -37,9 +42,9 @@ class NaiveNPE(SequentialEstimator):
                 f"NaiveNPE conditions on the confidential summary in place of the release, but task {task.name!r} "
                 f"releases {task.dim_s} numbers from a summary of {task.mechanism.input_dim}"
             )
-        if int(rounds) < 1 or int(sims_per_round) < 2:
-            raise ValueError(f"need rounds >= 1 and sims_per_round >= 2, got {rounds}, {sims_per_round}")
-        super().__init__(task, 1, int(rounds) * int(sims_per_round), 1, False, **kwargs)
+        if int(num_simulations) < 2:
+            raise ValueError(f"need num_simulations >= 2, got {num_simulations}")
+        super().__init__(task, 1, int(num_simulations), 1, False, **kwargs)
 
     def flow_data(self, z, s, generator, epsilon=None):
         return z, s
@@ -49,3 +54,6 @@ class NaiveNPE(SequentialEstimator):
 
     def posterior(self, round_index: int) -> FlowPosterior:
         return FlowPosterior(self.task, self._posterior_flow(), self.method, amortized=True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(task={self.task.name!r}, num_simulations={self.sims_per_round})"

@@ -16,12 +16,12 @@ from .truncation import truncated_prior_draws
 class SPPE(SequentialEstimator):
     """Sequential private posterior estimation (main paper, Alg. 1).
 
-    Round 0 trains on prior draws with ``-mean log q(theta_i | y_ij)``; later rounds propose from
+    The first round trains on prior draws with ``-mean log q(theta_i | y_ij)``; later rounds propose from
     ``q(. | y_obs)`` and train with atomic APT (``atoms`` contrasting parameters per pair). Each pair's
     ``inner_samples`` releases ``y_ij = G(s_i, u_ij)`` come from fresh RQMC (``qmc=True``) or MC uniforms.
     After one round the posterior is amortized (valid at any release).
 
-    ``amortized=True``: every round draws from the prior and trains with round 0's loss (plain NPE on prior
+    ``amortized=True``: every round draws from the prior and trains with the first round's loss (plain NPE on prior
     draws: the atomic correction is for proposals other than the prior), so the posterior is valid at any
     release after any round; with ``epsilon_range=(low, high)`` it is valid at any epsilon in the range too, the
     flow being ``q(theta | y, log epsilon)`` (:class:`~dpsbi.inference.estimator.SequentialEstimator`). Its
@@ -34,7 +34,7 @@ class SPPE(SequentialEstimator):
     ``truncate=mass`` (a float, e.g. 1e-4) is the TSNPE variant (Deistler et al. 2022): later rounds draw
     from the prior restricted to the region where ``q(theta | y_obs)`` exceeds its ``mass``-quantile
     (estimated from ``truncation_draws`` posterior draws; at most ``max_prior_draws`` prior draws screened
-    per round) and keep the plain loss of round 0 on all simulations: no atoms, ``atoms`` times fewer flow
+    per round) and keep the first round's plain loss on all simulations: no atoms, ``atoms`` times fewer flow
     evaluations per step, no leakage; the posterior is valid inside that region. See
     :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
@@ -103,9 +103,9 @@ class SPPE(SequentialEstimator):
     def tensors(self, z: Tensor, s: Tensor) -> tuple[Tensor, ...]:
         return z, s, self.space.log_prior_z(z)
 
-    def proposal_draws(self, r: int, posterior: Posterior, n: int, seed: int) -> Tensor:
+    def proposal_draws(self, round_index: int, posterior: Posterior, n: int, seed: int) -> Tensor:
         if self.truncate is None:
-            return super().proposal_draws(r, posterior, n, seed)
+            return super().proposal_draws(round_index, posterior, n, seed)
         return truncated_prior_draws(
             self.task, posterior, n, self.truncate, self.truncation_draws, self.max_prior_draws, seed
         )

@@ -1,5 +1,7 @@
 """Your own model as a task: :func:`from_simulator` takes a prior, a simulator of the confidential summary,
-the curator's mechanism and the observed release; :func:`box` and :func:`normal` build common priors.
+the curator's mechanism and the observed release; :func:`box` and :func:`normal` build common priors. By import
+path, the registered task ``custom`` (:func:`make`): ``dpsbi.tasks.load("custom", factory="mymodel:make_task",
+**kwargs)``, on the command line ``dpsbi-run task=custom task.factory=mymodel:make_task``.
 
 Sensitivity, the one number you must get right when building the mechanism
 (``dpsbi.mechanisms.Laplace(epsilon, sensitivity, dim)``, ``Gaussian(epsilon, delta, sensitivity, dim)``):
@@ -36,8 +38,11 @@ The pool is joblib's active backend (loky processes on this machine by default):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import numbers
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
@@ -48,6 +53,7 @@ from torch import Tensor
 from torch.distributions import Distribution, Independent, Normal, Transform, Uniform, biject_to
 
 from ..mechanisms import Mechanism
+from . import register
 from .base import Task, as_summary
 
 Backend = Literal["torch", "numpy"]
@@ -561,3 +567,44 @@ def _summary_problem(simulator: UserSimulator, theta: Tensor, s: Tensor, mechani
         row = int(bad.nonzero()[0])
         return f"simulator returned NaN/inf {_show(s[row])} at the prior draw theta={_show(theta[row])}"
     return None
+
+
+# ---- a user's task by import path: the registered task "custom" ------------------------------------------------
+def import_factory(path: str) -> Callable[..., Task]:
+    """The function named by ``"module:function"`` (``module`` may be dotted), or a ``ValueError`` saying
+    what could not be found where."""
+    module_name, colon, name = path.partition(":")
+    if not colon or not module_name or not name:
+        raise ValueError(f"task.factory must be 'module:function', got {path!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise ValueError(
+            f"task.factory {path!r}: cannot import {module_name!r} from {cwd} or the installed packages ({error})"
+        ) from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValueError(
+            f"task.factory {path!r}: module {module_name!r} ({module.__file__}) has no function {name!r}"
+        )
+    return factory
+
+
+@register("custom")
+def make(factory: str | None = None, **kwargs) -> Task:
+    """The task returned by ``factory(**kwargs)`` (keywords that are ``None`` left out, so a config may list
+    ``epsilon: null``). The factory is a function returning a :class:`~dpsbi.tasks.base.Task` (usually built
+    with :func:`from_simulator`), imported from the current working directory first, then from the installed
+    packages (:func:`import_factory`). Posterior files record the import path and the arguments, so that
+    ``load_posterior`` and ``dpsbi-sample`` rebuild the task the same way (from the same working directory)."""
+    if not factory:
+        raise ValueError(
+            "task 'custom' needs factory='module:function' (on the command line: task.factory=mymodel:make_task)"
+        )
+    task = import_factory(factory)(**{k: v for k, v in kwargs.items() if v is not None})
+    if not isinstance(task, Task):
+        raise ValueError(f"task.factory {factory!r} returned a {type(task).__name__}, not a dpsbi Task")
+    return task
