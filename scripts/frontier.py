@@ -85,12 +85,24 @@ def short(label: str) -> str:
 
 
 def done(out: Path) -> set[tuple]:
-    """``(method, M, qmc, schedule, seed)`` of the configurations the output file holds as complete."""
+    """``(task, epsilon, simulator, method, M, qmc, schedule, seed)`` of the configurations the output file holds
+    as complete (one file may hold several tasks and epsilons)."""
     if not out.is_file():
         return set()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     return {
-        (r["method"], r["inner_samples"], r["qmc"], schedule(r), r["seed"]) for r in rows if r.get("last")
+        (
+            r["task"],
+            r["epsilon"],
+            r["simulator"],
+            r["method"],
+            r["inner_samples"],
+            r["qmc"],
+            schedule(r),
+            r["seed"],
+        )
+        for r in rows
+        if r.get("last")
     }
 
 
@@ -141,7 +153,8 @@ def run(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         for settings in configs:
             fitted = estimator(task, seed=seed, progress=False, budget=dict(seconds=args.seconds), **settings)
-            if (args.method, fitted.inner_samples, fitted.qmc, label(args), seed) not in finished:
+            key = (args.task, args.epsilon, args.simulator or "default", args.method)
+            if (*key, fitted.inner_samples, fitted.qmc, label(args), seed) not in finished:
                 fit_configuration(fitted, reference.samples, seed, args)
 
 
@@ -178,7 +191,7 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
             "qmc": fitted.qmc,
             "schedule": label(args),
             "seed": seed,
-            "round": index + 1,
+            "round": len(fitted.history),  # rounds finished so far
             "num_simulations": num_simulations,
             "seconds": round(sum(entry["seconds"] for entry in fitted.history) + sampling, 2),
             "c2st": round(dpsbi.metrics.c2st(draws.cpu(), reference, seed=0), 4),
