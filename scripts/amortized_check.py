@@ -16,6 +16,7 @@ The tasks have exact posteriors at any release: ``conjugate_gaussian`` (Gaussian
 with discrete Laplace noise, as OpenDP's ``make_geometric`` does: an integer release) and ``naive_bayes`` (Laplace
 noise on 8 cells: exact by enumeration). One JSON line per (task, epsilon) is appended to ``--out`` as it goes, and
 one per task for the fit; a task whose fit line is in the file is skipped (a killed run resumes at its task).
+With ``--posteriors DIR`` each fit is saved there, and a fit found there is scored again without training.
 
     .venv/bin/python scripts/amortized_check.py --out results/amortized_check.jsonl
     .venv/bin/python scripts/amortized_check.py --tasks poisson_counts --rounds 1 --releases 3 --pairs 20 --out /tmp/a.jsonl
@@ -55,12 +56,13 @@ def load(arguments: dict, epsilon: float):
 
 
 def prior_predictive(task, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` pairs ``(theta, y)`` of the task's prior predictive at its epsilon."""
-    generator = torch.Generator().manual_seed(seed)
+    """``n`` pairs ``(theta, y)`` of the task's prior predictive at its epsilon. The parameters and the
+    simulations draw from different streams: one seed for both would make a Gaussian simulator's noise a copy of
+    the prior draws."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         theta = task.prior.sample((n,))
-    return theta, task.simulate_release(theta, generator=generator)
+    return theta, task.simulate_release(theta, generator=torch.Generator().manual_seed(seed + 10_000))
 
 
 def exact_draws(task, y: torch.Tensor, seed: int) -> torch.Tensor:
@@ -91,13 +93,24 @@ def calibration(task, posterior, pairs: int, seed: int) -> dict:
 def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
     task = load(arguments, (low * high) ** 0.5)
-    wall, cpu = time.perf_counter(), time.process_time()
-    settings = {"rounds": args.rounds} if args.rounds else {}
-    posterior = dpsbi.SPPE(
-        task, amortized=True, epsilon_range=(low, high), progress=False, seed=args.seed, **settings
-    ).run()
-    fit = {"task": name, "fit_wall_s": round(time.perf_counter() - wall, 1)}
-    fit["fit_cpu_s"] = round(time.process_time() - cpu, 1)
+    saved = None if args.posteriors is None else args.posteriors / f"{name}.pt"
+    fit = {"task": name}
+    if (
+        saved is not None and saved.is_file()
+    ):  # scoring again a fit made before (its times are in the older rows)
+        posterior = dpsbi.load_posterior(saved, task=task)
+    else:
+        wall, cpu = time.perf_counter(), time.process_time()
+        settings = {"rounds": args.rounds} if args.rounds else {}
+        posterior = dpsbi.SPPE(
+            task, amortized=True, epsilon_range=(low, high), progress=False, seed=args.seed, **settings
+        ).run()
+        fit.update(
+            fit_wall_s=round(time.perf_counter() - wall, 1), fit_cpu_s=round(time.process_time() - cpu, 1)
+        )
+        if saved is not None:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            posterior.save(saved)
     for k, epsilon in enumerate(scored):
         at = load(arguments, epsilon)
         _, y = prior_predictive(at, args.releases, seed=100 + k)
@@ -146,6 +159,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="rounds of the fit (default: the library's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--posteriors", type=Path, help="save each fit here as <task>.pt; one found there is scored again"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     done = finished(args.out)
