@@ -145,7 +145,7 @@ def test_a_non_finite_loss_is_an_error_naming_the_round():
     task.simulate = lambda theta, generator=None: task.simulator(
         theta, generator
     )  # skip the finiteness check
-    with pytest.raises(NonFiniteLossError, match="SPPE round 0, epoch 0: the training loss at step"):
+    with pytest.raises(NonFiniteLossError, match="SPPE round 1, epoch 0: the training loss at step"):
         dpsbi.SPPE(task, rounds=1, **TINY).run()
 
 
