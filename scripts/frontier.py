@@ -84,26 +84,32 @@ def short(label: str) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def configuration(row: dict) -> tuple:
+    """The configuration a row belongs to: ``(task, epsilon, simulator, method, M, qmc, schedule, seed)``."""
+    keys = ("task", "epsilon", "simulator", "method", "inner_samples", "qmc")
+    return (*(row[k] for k in keys), schedule(row), row["seed"])
+
+
 def done(out: Path) -> set[tuple]:
-    """``(task, epsilon, simulator, method, M, qmc, schedule, seed)`` of the configurations the output file holds
-    as complete (one file may hold several tasks and epsilons)."""
+    """The :func:`configuration` of every one the output file holds as complete (one file may hold several tasks
+    and epsilons)."""
     if not out.is_file():
         return set()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {
-        (
-            r["task"],
-            r["epsilon"],
-            r["simulator"],
-            r["method"],
-            r["inner_samples"],
-            r["qmc"],
-            schedule(r),
-            r["seed"],
-        )
-        for r in rows
-        if r.get("last")
-    }
+    return {configuration(r) for r in rows if r.get("last")}
+
+
+def reference_for(task, task_config: dict):
+    """The task's validated reference posterior with :data:`REFERENCE`'s settings (cached under
+    ``~/.cache/dpsbi/references``)."""
+    return reference_posterior(
+        task,
+        task_config,
+        cache_dir=Path("~/.cache/dpsbi/references").expanduser(),
+        seed=0,
+        progress=False,
+        **REFERENCE,
+    )
 
 
 def label(args: argparse.Namespace) -> str:
@@ -121,14 +127,7 @@ def run(args: argparse.Namespace) -> None:
         **({"simulator": args.simulator} if args.simulator else {}),
     }
     task = build_task(task_config)
-    reference = reference_posterior(
-        task,
-        task_config,
-        cache_dir=Path("~/.cache/dpsbi/references").expanduser(),
-        seed=0,
-        progress=False,
-        **REFERENCE,
-    )
+    reference = reference_for(task, task_config)
     print(f"reference: {reference.note}", flush=True)
     finished = done(args.out)
     estimator = {
@@ -220,19 +219,7 @@ def report(args: argparse.Namespace) -> None:
     ]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault(
-            (
-                r["task"],
-                r["epsilon"],
-                r["simulator"],
-                r["method"],
-                r["inner_samples"],
-                r["qmc"],
-                schedule(r),
-                r["seed"],
-            ),
-            [],
-        ).append(r)
+        groups.setdefault(configuration(r), []).append(r)
     print(
         "| task | epsilon | method | M | kind | training | seed | first C2ST <= 0.55 (s / simulations) | best C2ST (at s, round) | rounds |"
     )

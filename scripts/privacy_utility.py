@@ -31,11 +31,10 @@ import time
 from pathlib import Path
 
 import torch
-from frontier import REFERENCE, spread
+from frontier import reference_for, spread
 
 import dpsbi
 from dpsbi.experiment.config import build_task
-from dpsbi.experiment.reference import reference_posterior
 
 RANGE = (0.1, 10.0)
 GRID = torch.logspace(-1, 1, 13, dtype=torch.float64).tolist()
@@ -75,14 +74,7 @@ def at_stored(name: str, posterior) -> list[dict]:
     for epsilon in STORED:
         config = {"name": name, "epsilon": epsilon}
         task = build_task(config)
-        reference = reference_posterior(
-            task,
-            config,
-            cache_dir=Path("~/.cache/dpsbi/references").expanduser(),
-            seed=0,
-            progress=False,
-            **REFERENCE,
-        )
+        reference = reference_for(task, config)
         draws = posterior.sample((DRAWS,), y=task.y_obs, epsilon=epsilon, seed=0).cpu()
         rows.append(
             {

@@ -16,15 +16,17 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from frontier import configuration
+
 
 def fits(paths: list[Path]) -> dict[tuple, list[dict]]:
-    """Complete ``--defaults`` fits (their last row marked), by (task, epsilon, method, seed), rows by round."""
+    """Complete ``--defaults`` fits (their last row marked), by ``frontier.configuration``, rows by round."""
     rows = defaultdict(list)
     for path in paths:
         for line in path.read_text().splitlines():
             r = json.loads(line)
             if r.get("schedule") == "defaults" and "change" in r:
-                rows[(r["task"], r["epsilon"], r["method"], r["seed"])].append(r)
+                rows[configuration(r)].append(r)
     return {k: sorted(v, key=lambda r: r["round"]) for k, v in rows.items() if any(r["last"] for r in v)}
 
 
@@ -46,7 +48,7 @@ def main() -> None:
     summary = []
     for tolerance in args.tolerances:
         saved, lost = [], []
-        for (task, epsilon, method, seed), rows in sorted(complete.items()):
+        for (task, epsilon, _, method, *_, seed), rows in sorted(complete.items()):
             at, last = stop(rows, tolerance), rows[-1]
             saved.append(1 - at["seconds"] / last["seconds"])
             lost.append(at["c2st"] - last["c2st"])
