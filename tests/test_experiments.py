@@ -127,23 +127,21 @@ def test_every_task_method_pair_composes_and_runs_or_is_refused_clearly(task):
             assert len(str(refusal.value)) > 60  # and says why
 
 
-def test_wall_time_is_the_fitting_time_so_far(tmp_path, monkeypatch):
-    """A clock that ticks 10 s a reading: the runner reads it at the start, then twice a round (before and after
+def test_wall_and_cpu_time_are_the_fitting_time_so_far(tmp_path, monkeypatch):
+    """Clocks that tick 10 s a reading: the runner reads each at the start, then twice a round (before and after
     scoring), so the rounds' fitting times so far are 10, 20, 30 s. It reported 10, 30, 60 s before the fix (each
     round added the total so far to the previous round's)."""
     from dpsbi.experiment import runner
 
-    clock = iter(range(0, 10_000, 10))
-    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    wall, cpu = iter(range(0, 10_000, 10)), iter(range(0, 10_000, 10))
+    clocks = types.SimpleNamespace(perf_counter=lambda: float(next(wall)), process_time=lambda: float(next(cpu)))
+    monkeypatch.setattr(runner, "time", clocks)
     cfg = config(
         "method=sppe", *TINY["sppe"], "method.rounds=3", *QUICK, f"reference.cache_dir={tmp_path / 'cache'}"
     )
     run_experiment(cfg, tmp_path / "run")
-    assert [r["wall_time"] for r in read_rows(tmp_path / "run" / "sppe" / "rounds.json")] == [
-        10.0,
-        20.0,
-        30.0,
-    ]
+    rows = read_rows(tmp_path / "run" / "sppe" / "rounds.json")
+    assert [r["wall_time"] for r in rows] == [r["cpu_time"] for r in rows] == [10.0, 20.0, 30.0]
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

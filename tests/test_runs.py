@@ -83,9 +83,10 @@ def _snapshot(directory: Path) -> dict[str, int]:
 
 
 def _results(run: Path) -> tuple[dict[str, str], list[dict]]:
-    """A finished run's draws (every ``samples*.csv``) and metric rows without their wall times."""
+    """A finished run's draws (every ``samples*.csv``) and metric rows without their wall and CPU times."""
     samples = {str(p.relative_to(run)): p.read_text() for p in sorted(run.glob("*/samples*.csv"))}
-    return samples, [{k: v for k, v in row.items() if k != "wall_time"} for row in read_rows(run / "metrics")]
+    timing = ("wall_time", "cpu_time")
+    return samples, [{k: v for k, v in row.items() if k not in timing} for row in read_rows(run / "metrics")]
 
 
 # ---- reference cache ----------------------------------------------------------------------------------------

@@ -141,17 +141,18 @@ def _fit_and_score(
     rows = read_rows(directory / ROWS) if (directory / ROWS).is_file() else []
     if method.neural:
         _restore_scored_checkpoint(checkpoints)
-    # Wall time: that of the rounds a killed run already reported, plus this process's fitting time so far.
-    resumed = rows[-1]["wall_time"] if rows else 0.0
-    start, scoring = time.perf_counter(), 0.0
+    # Wall and CPU time: those of the rounds a killed run already reported, plus this process's fitting time so
+    # far (CPU time: all its threads; the comparable figure when other jobs share the cores).
+    resumed = (rows[-1]["wall_time"], rows[-1].get("cpu_time", 0.0)) if rows else (0.0, 0.0)
+    start, scoring = (time.perf_counter(), time.process_time()), [0.0, 0.0]
 
     def on_round(round_number: int, draws: Tensor, num_simulations: int, state: Any) -> None:
-        nonlocal rows, scoring
-        tic = time.perf_counter()
+        nonlocal rows
+        tic = (time.perf_counter(), time.process_time())
         earlier = [
             row for row in rows if row["round"] < round_number
         ]  # a round reported again replaces its row
-        elapsed = resumed + tic - start - scoring
+        elapsed = [resumed[i] + tic[i] - start[i] - scoring[i] for i in range(2)]
         save_state(state, directory / "rounds" / f"round_{round_number:02d}.pt")
         write_draws(directory / f"samples_round_{round_number:02d}.csv", draws, names)
         row = {
@@ -160,7 +161,8 @@ def _fit_and_score(
             "method": method.name,
             "round": round_number,
             "num_simulations": int(num_simulations),
-            "wall_time": elapsed,
+            "wall_time": elapsed[0],
+            "cpu_time": elapsed[1],
             **score(draws),
             **methods.chain_summary(state, int(cfg.evaluation.num_samples), int(cfg.seed)),
         }
@@ -174,7 +176,8 @@ def _fit_and_score(
         write_json(directory / ROWS, rows)
         if method.neural:
             _copy(checkpoints / CHECKPOINT, checkpoints / SCORED_CHECKPOINT)
-        scoring += time.perf_counter() - tic
+        scoring[0] += time.perf_counter() - tic[0]
+        scoring[1] += time.process_time() - tic[1]
 
     state = methods.fit(
         method,

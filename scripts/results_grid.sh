@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The main table of docs/RESULTS.md: every paper task x epsilon 0.1 / 1 / 10 x SPPE, SPLE, NaiveNPE and the best
+# classical method (DA-MCMC on regression and naive Bayes, SMC-ABC with the mechanism as kernel on SIR), seeds 0-2,
+# at the library's defaults (configs/experiment/results.yaml), one core. Seed-major, so that a partial grid has
+# whole seeds; each sweep writes a fixed directory below multirun/grid, so a killed grid resumes where it stopped
+# (finished runs are skipped). SEEDS and TASKS pick a part, e.g. two cores: TASKS=sir in one job, TASKS='regression
+# naive_bayes' in the other. Summarize with: python scripts/make_results.py summary multirun/grid/*
+set -euo pipefail
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
+run=${DPSBI_RUN:-.venv/bin/dpsbi-run}
+for seed in ${SEEDS:-0 1 2}; do
+  for task in ${TASKS:-regression naive_bayes sir}; do
+    case $task in
+      regression) epsilons=0.1,1,10 classical=da_mcmc ;;
+      naive_bayes) epsilons=10 classical=da_mcmc ;;
+      sir) epsilons=0.1,1,10 classical=smc_abc ;;
+      *) echo "results_grid.sh: unknown task '$task' (regression, naive_bayes or sir)" >&2; exit 2 ;;
+    esac
+    "$run" -m experiment=results "task=$task" "task.epsilon=$epsilons" \
+      "method=sppe,sple,naive_npe,$classical" "seed=$seed" progress=false trainer.threads=1 \
+      "hydra.sweep.dir=multirun/grid/${task}_seed${seed}" "$@"
+  done
+done
