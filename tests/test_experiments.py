@@ -134,7 +134,9 @@ def test_wall_and_cpu_time_are_the_fitting_time_so_far(tmp_path, monkeypatch):
     from dpsbi.experiment import runner
 
     wall, cpu = iter(range(0, 10_000, 10)), iter(range(0, 10_000, 10))
-    clocks = types.SimpleNamespace(perf_counter=lambda: float(next(wall)), process_time=lambda: float(next(cpu)))
+    clocks = types.SimpleNamespace(
+        perf_counter=lambda: float(next(wall)), process_time=lambda: float(next(cpu))
+    )
     monkeypatch.setattr(runner, "time", clocks)
     cfg = config(
         "method=sppe", *TINY["sppe"], "method.rounds=3", *QUICK, f"reference.cache_dir={tmp_path / 'cache'}"

@@ -1,1 +1,2 @@
-"""Data shipped with dpsbi: reference posteriors kept in the repository (``references/``, see its README)."""
+"""Data shipped with dpsbi: reference posteriors kept in the repository (``references/``) and the real outbreak
+curves with their provenance (``outbreaks/``); each folder's README says what is there."""

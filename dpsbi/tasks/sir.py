@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from functools import partial
+from importlib.resources import files
 
 import torch
 from torch import Tensor
@@ -20,24 +22,11 @@ STORED = {
     1.0: [0.0120, 0.0150, 0.7020, 0.3130, 0.1380, 0.0530, 0.0370, 0.0120, 0.0160, 0.0130],
     0.1: [0.0750, 0.0850, 0.6820, 0.3120, 0.2240, 0.1130, 0.1120, 0.0930, 0.0810, 0.0860],
 }
-#: Observed infected fractions of real outbreaks (not releases of the mechanism).
+#: Observed infected fractions of real outbreaks (not releases of the mechanism), with their provenance:
+#: ``dpsbi/data/outbreaks`` (its README says what each series measures and where it was cut).
 OUTBREAKS = {
-    "influenza": [0.0010, 0.0039, 0.0105, 0.0367, 0.0996, 0.2910, 0.3840, 0.3368, 0.3106, 0.2516],
-    "ebola_guinea": [
-        0.0010,
-        0.01105,
-        0.008450,
-        0.01290,
-        0.05095,
-        0.05200,
-        0.02240,
-        0.02115,
-        0.008350,
-        0.002250,
-    ],
-    "ebola_liberia": [0.0010, 0.00065, 0.001850, 0.06635, 0.2579, 0.07415, 0.06100, 0.05420, 0.01720, 0.0003],
-    "ebola_sierra_leone": [0.0010, 0.0079, 0.0434, 0.2156, 0.2054, 0.09275, 0.05485, 0.03655, 0.0237, 0.0232],
-    "covid_clark": [0.0010, 0.02812, 0.05655, 0.09776, 0.2108, 0.2443, 0.2574, 0.08640, 0.04337, 0.02629],
+    key: entry["series"]
+    for key, entry in json.loads((files("dpsbi.data") / "outbreaks" / "outbreaks.json").read_text()).items()
 }
 
 
