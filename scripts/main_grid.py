@@ -1,0 +1,157 @@
+"""The main table of docs/RESULTS.md: every paper task x epsilon x method x seed of ``scripts/results_grid.sh``.
+
+    python scripts/main_grid.py collect multirun/grid/* --out results/main_grid.jsonl
+    python scripts/main_grid.py report results/main_grid.jsonl --figure docs/figures/main_grid.png
+
+``collect`` writes one row per finished run of the sweeps (its final metrics, seed, wall and CPU time, and when it
+first reached C2ST <= 0.55), replacing the rows of runs already in the file; ``report`` prints the table, mean and
+spread over seeds per task, epsilon and method, and draws C2ST against CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from dpsbi.experiment.comparison import collect as final_rows  # noqa: E402
+from dpsbi.experiment.outputs import read_rows  # noqa: E402
+
+BAR = 0.55
+KEPT = (
+    "task",
+    "epsilon",
+    "method",
+    "reference",
+    "round",
+    "num_simulations",
+    "wall_time",
+    "cpu_time",
+    "c2st",
+    "mmd",
+)
+METHODS = ("sppe", "sple", "naive_npe", "da_mcmc", "smc_abc")
+
+
+def first_at_bar(rounds: list[dict]) -> float | None:
+    """CPU seconds of the first round whose C2ST is at most :data:`BAR`; ``None`` if none is."""
+    return next((r.get("cpu_time") for r in rounds if r.get("c2st", 1.0) <= BAR), None)
+
+
+def run_rows(sweep: Path) -> list[dict]:
+    """One row per finished run below the sweep directory ``sweep``."""
+    out = []
+    for row in final_rows(sweep):
+        run = sweep / row["run"]
+        rounds = read_rows(run / row["method"] / "rounds.json")
+        seed = int(OmegaConf.load(run / "config.yaml").seed)
+        kept = {k: row.get(k) for k in KEPT}
+        out.append(
+            {**kept, "seed": seed, "cpu_at_bar": first_at_bar(rounds), "run": f"{sweep.name}/{row['run']}"}
+        )
+    return out
+
+
+def collect(sweeps: list[Path], path: Path) -> None:
+    """Add the finished runs of ``sweeps`` to the JSON-lines file ``path`` (a run already there is replaced)."""
+    rows = {r["run"]: r for r in read_jsonl(path)} if path.is_file() else {}
+    rows.update({r["run"]: r for sweep in sweeps for r in run_rows(sweep)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in sorted(rows.values(), key=key)))
+    print(f"{len(rows)} runs in {path}")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def key(row: dict) -> tuple:
+    """Sort order: task, epsilon, method (in :data:`METHODS` order), seed."""
+    method = METHODS.index(row["method"]) if row["method"] in METHODS else len(METHODS)
+    return row["task"], float(row["epsilon"]), method, row["method"], row["seed"]
+
+
+def spread(values: list[float], digits: str) -> str:
+    """``mean ± sd`` (``mean`` alone for one value)."""
+    if len(values) == 1:
+        return format(values[0], digits)
+    return f"{format(statistics.mean(values), digits)} ± {format(statistics.stdev(values), digits)}"
+
+
+def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows grouped by (task, epsilon, method), in :func:`key` order."""
+    out: dict[tuple, list[dict]] = {}
+    for row in sorted(rows, key=key):
+        out.setdefault((row["task"], float(row["epsilon"]), row["method"]), []).append(row)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table: per task, epsilon and method, seeds, C2ST and MMD (mean ± sd), CPU and wall seconds
+    (mean), simulations, and how many seeds reached C2ST <= 0.55 (and at how many CPU seconds, mean)."""
+    lines = [
+        "| task | epsilon | method | seeds | C2ST | MMD | CPU s | wall s | simulations | at C2ST <= 0.55 (CPU s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (task, epsilon, method), group in groups(rows).items():
+        reached = [r["cpu_at_bar"] for r in group if r["cpu_at_bar"] is not None]
+        at_bar = f"{len(reached)} of {len(group)}" + (f" ({statistics.mean(reached):.0f})" if reached else "")
+        lines.append(
+            f"| {task} | {epsilon:g} | {method} | {', '.join(str(r['seed']) for r in group)} | "
+            f"{spread([r['c2st'] for r in group], '.3f')} | {spread([r['mmd'] for r in group], '.2g')} | "
+            f"{statistics.mean(r['cpu_time'] for r in group):.0f} | {statistics.mean(r['wall_time'] for r in group):.0f} | "
+            f"{group[0]['num_simulations']} | {at_bar} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """One panel per task and epsilon: each run's final C2ST against its CPU seconds, colored by method."""
+    cells = sorted({(r["task"], float(r["epsilon"])) for r in rows})
+    colors = {m: f"C{i}" for i, m in enumerate(METHODS)}
+    fig, axes = plt.subplots(1, len(cells), figsize=(2.6 * len(cells), 2.8), squeeze=False, sharey=True)
+    for ax, (task, epsilon) in zip(axes[0], cells):
+        for (t, e, method), group in groups(rows).items():
+            if (t, e) == (task, epsilon):
+                x, y = [r["cpu_time"] for r in group], [r["c2st"] for r in group]
+                ax.scatter(x, y, s=14, color=colors.get(method, "k"), label=method)
+        ax.axhline(BAR, color="k", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_title(f"{task}, epsilon {epsilon:g}", fontsize=8)
+        ax.set_xlabel("CPU seconds")
+    axes[0][0].set_ylabel("C2ST (0.5 = exact)")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    c = commands.add_parser("collect", help="add finished runs of sweep directories to a rows file")
+    c.add_argument("sweeps", nargs="+", type=Path)
+    c.add_argument("--out", type=Path, required=True)
+    r = commands.add_parser("report", help="the table (and figure) from a rows file")
+    r.add_argument("rows", type=Path)
+    r.add_argument("--figure", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "collect":
+        collect(args.sweeps, args.out)
+        return
+    rows = read_jsonl(args.rows)
+    print(table(rows))
+    if args.figure:
+        plot(rows, args.figure)
+
+
+if __name__ == "__main__":
+    main()
