@@ -4,12 +4,12 @@ Per task: one ``SPPE(task, amortized=True, epsilon_range=RANGE)`` fit at the lib
 thread), then at each of three epsilons of the range:
 
 - accuracy: ``--releases`` releases drawn from the prior predictive (a prior draw, its confidential summary, the
-  mechanism at that epsilon), each scored by C2ST between 2000 draws of the posterior and 2000 draws of the task's
-  exact posterior at that release and epsilon;
+  mechanism at that epsilon), each scored by C2ST between 2000 draws (``--draws``) of the posterior and as many
+  of the task's exact posterior at that release and epsilon;
 - calibration: sbi's own ``run_sbc`` / ``check_sbc`` (KS p-value of each parameter's ranks) and ``run_tarp`` /
   ``check_tarp`` (ATC, KS p-value) over ``--pairs`` prior-predictive pairs, the posterior set to that epsilon
   with ``set_default_epsilon`` so that sbi's calls pass releases only;
-- cost: seconds for 2000 draws at one release (median over the releases) and at all of them in one batched call.
+- cost: seconds for those draws at one release (median over the releases) and at all of them in one batched call.
 
 The tasks have exact posteriors at any release: ``conjugate_gaussian`` (Gaussian mechanism, closed form),
 ``poisson_counts`` (Gong's, Laplace noise: a Gamma mixture), ``poisson_counts_discrete`` (the same count released
@@ -46,7 +46,6 @@ TASKS = {
     ),
     "naive_bayes": ({"name": "naive_bayes"}, (1.0, 10.0), (1.5, 4.0, 9.0)),
 }
-DRAWS = 2000
 
 
 def load(arguments: dict, epsilon: float):
@@ -65,10 +64,10 @@ def prior_predictive(task, n: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
     return theta, task.simulate_release(theta, generator=torch.Generator().manual_seed(seed + 10_000))
 
 
-def exact_draws(task, y: torch.Tensor, seed: int) -> torch.Tensor:
+def exact_draws(task, y: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return task.exact_posterior(y[None]).sample((DRAWS,)).reshape(DRAWS, -1)
+        return task.exact_posterior(y[None]).sample((n,)).reshape(n, -1)
 
 
 def calibration(task, posterior, pairs: int, seed: int) -> dict:
@@ -101,7 +100,7 @@ def check(name: str, args: argparse.Namespace) -> None:
         posterior = dpsbi.load_posterior(saved, task=task)
     else:
         wall, cpu = time.perf_counter(), time.process_time()
-        settings = {"rounds": args.rounds} if args.rounds else {}
+        settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
         posterior = dpsbi.SPPE(
             task, amortized=True, epsilon_range=(low, high), progress=False, seed=args.seed, **settings
         ).run()
@@ -117,12 +116,15 @@ def check(name: str, args: argparse.Namespace) -> None:
         single = []
         for i in range(args.releases):
             began = time.perf_counter()
-            posterior.sample((DRAWS,), y=y[i], epsilon=epsilon, seed=i)
+            posterior.sample((args.draws,), y=y[i], epsilon=epsilon, seed=i)
             single.append(time.perf_counter() - began)
         began = time.perf_counter()
-        draws = posterior.sample_batched((DRAWS,), y=y, epsilon=epsilon, seed=0)
+        draws = posterior.sample_batched((args.draws,), y=y, epsilon=epsilon, seed=0)
         batched = time.perf_counter() - began
-        scores = [round(c2st(draws[:, i], exact_draws(at, y[i], seed=i)), 4) for i in range(args.releases)]
+        scores = [
+            round(c2st(draws[:, i], exact_draws(at, y[i], args.draws, seed=i)), 4)
+            for i in range(args.releases)
+        ]
         row = {
             "task": name,
             "epsilon": epsilon,
@@ -131,8 +133,8 @@ def check(name: str, args: argparse.Namespace) -> None:
             "c2st": scores,
             "c2st_mean": round(statistics.mean(scores), 4),
             "c2st_worst": max(scores),
-            "draws_2000_one_release_s": round(statistics.median(single), 4),
-            f"draws_2000_at_{args.releases}_releases_s": round(batched, 4),
+            f"draws_{args.draws}_one_release_s": round(statistics.median(single), 4),
+            f"draws_{args.draws}_at_{args.releases}_releases_s": round(batched, 4),
             **calibration(at, posterior, args.pairs, seed=200 + k),
         }
         append(args.out, row)
@@ -156,7 +158,14 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--releases", type=int, default=20, help="prior-predictive releases per epsilon")
     parser.add_argument("--pairs", type=int, default=300, help="SBC / TARP pairs per epsilon")
+    parser.add_argument("--draws", type=int, default=2000, help="posterior and exact draws per release")
     parser.add_argument("--rounds", type=int, help="rounds of the fit (default: the library's)")
+    parser.add_argument(
+        "--overrides",
+        type=json.loads,
+        default={},
+        help="SPPE arguments over the library's defaults as JSON (a smoke test: '{\"sims_per_round\": 50}')",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(

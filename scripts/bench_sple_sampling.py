@@ -1,5 +1,5 @@
 """Time SPLE's posterior sampling, old sampler (sbi's numpy slice sampler) against the torch elliptical slice
-sampler, on one torch thread: ``python scripts/bench_sple_sampling.py [--repeats 5] [--posterior PATH]``.
+sampler, on one torch thread: ``python scripts/bench_sple_sampling.py [--repeats 5] [--posterior PATH] [--quick]``.
 
 Trains a small SPLE posterior on ``regression`` at epsilon = 1 (1 round of 1000 simulations, 4 inner
 releases, 20 epochs, default flow) or reuses the one saved at ``--posterior``; then, per sampler, times
@@ -13,12 +13,17 @@ coordinates) and C2ST accuracies against
   over seeds 0 and 1);
 * ``self``: the same sampler, seed 0 against seed 1 (the noise floor of C2ST at these sizes, ~0.5).
 
+``--quick`` is a smoke test of the script, in seconds: a one-transform flow trained for one epoch on 100
+simulations, and every sampler's warm-up cut to ``QUICK_WARMUP`` steps (sbi's slice sampler still tunes for its
+own 50 steps first); its timings say nothing about the default flow.
+
 Timings on a shared machine are noisy: compare them within one run of the script.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
@@ -37,20 +42,31 @@ SAMPLERS = {
     "new: elliptical_slice (default)": MCMCSettings(),
 }
 REFERENCE = MCMCSettings(method="slice_np_vectorized", num_chains=100, thin=10, warmup=200)
+#: The fit measured, and ``--quick``'s.
+FIT = dict(sims_per_round=1000, training=dict(max_epochs=20))
+QUICK_FIT = dict(
+    sims_per_round=100, flow=dict(transforms=1, hidden=10, blocks=1), training=dict(max_epochs=1)
+)
+QUICK_WARMUP = 5
 
 
-def trained_posterior(path: Path, retrain: bool) -> LikelihoodPosterior:
+def trained_posterior(path: Path, retrain: bool, quick: bool) -> LikelihoodPosterior:
     if path.exists() and not retrain:
         return load_posterior(path)
     task = dpsbi.tasks.load("regression", epsilon=1.0)
     start = time.perf_counter()
     posterior = dpsbi.SPLE(
-        task, rounds=1, sims_per_round=1000, inner_samples=4, training=dict(max_epochs=20), progress=False
+        task, rounds=1, inner_samples=4, progress=False, **(QUICK_FIT if quick else FIT)
     ).run()
     print(f"trained SPLE in {time.perf_counter() - start:.1f} s; saved to {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     posterior.save(path)
     return posterior
+
+
+def settled(config: MCMCSettings, quick: bool) -> MCMCSettings:
+    """``config``, its warm-up cut to :data:`QUICK_WARMUP` steps for ``--quick``."""
+    return dataclasses.replace(config, warmup=QUICK_WARMUP) if quick else config
 
 
 def with_config(posterior: LikelihoodPosterior, config: MCMCSettings) -> LikelihoodPosterior:
@@ -93,23 +109,28 @@ def main() -> None:
     parser.add_argument("--retrain", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument(
+        "--quick", action="store_true", help="seconds-scale fit and warm-ups (a smoke test of the script)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    samplers = {name: settled(config, args.quick) for name, config in SAMPLERS.items()}
+    reference_settings = settled(REFERENCE, args.quick)
 
-    posterior = trained_posterior(args.posterior, args.retrain)
+    posterior = trained_posterior(args.posterior, args.retrain, args.quick)
     reference_path = args.posterior.with_suffix(".reference.pt")
     if reference_path.exists() and not args.retrain:
         reference = torch.load(reference_path)
     else:
         start = time.perf_counter()
-        reference = with_config(posterior, REFERENCE).sample((args.samples,), seed=12345)
+        reference = with_config(posterior, reference_settings).sample((args.samples,), seed=12345)
         print(
-            f"reference run (old sampler, warm-up {REFERENCE.warmup}, thin {REFERENCE.thin}): {time.perf_counter() - start:.1f} s"
+            f"reference run (old sampler, warm-up {reference_settings.warmup}, thin {reference_settings.thin}): {time.perf_counter() - start:.1f} s"
         )
         torch.save(reference, reference_path)
 
     rows, draws = [], {}
-    for name, config in SAMPLERS.items():
+    for name, config in samplers.items():
         post = with_config(posterior, config)
         counting = Counting(post)
         times = []
@@ -134,7 +155,7 @@ def main() -> None:
                 c2st_ref=statistics.mean(c2st(x, reference) for x in draws[name]),
             )
         )
-    old = draws[next(iter(SAMPLERS))]
+    old = draws[next(iter(samplers))]
     for row, pair in zip(rows, draws.values()):
         row["c2st_old"] = (
             statistics.mean(c2st(x, y) for x, y in zip(pair, old)) if pair is not old else math.nan

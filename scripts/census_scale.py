@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> None:
                 print(f"{cells} cells, embedding {embedding}: already in {args.out}", flush=True)
                 continue
             task = task_of(cells)
+            overrides = dict(args.overrides)
+            flow = {**overrides.pop("flow", {}), "embedding": None if embedding == "none" else embedding}
             elapsed, cpu = [0.0], [0.0]
             holder: dict = {"cpu": time.process_time()}
 
@@ -115,10 +117,11 @@ def run(args: argparse.Namespace) -> None:
 
             estimator = dpsbi.SPPE(
                 task,
-                flow=dict(embedding=None if embedding == "none" else embedding),
+                flow=flow,
                 seed=args.seed,
                 progress=False,
                 on_round_end=on_round_end,
+                **overrides,
             )
             holder["estimator"] = estimator
             estimator.run()
@@ -204,6 +207,13 @@ def main() -> None:
     go.add_argument("--reference-draws", type=int, default=20_000)
     go.add_argument("--draws", type=int, default=2000, help="posterior and reference draws per C2ST")
     go.add_argument("--seed", type=int, default=0)
+    go.add_argument(
+        "--overrides",
+        type=json.loads,
+        default={},
+        help="SPPE arguments over its defaults as JSON (a smoke test: '{\"rounds\": 1}'); the embedding "
+        'joins a "flow" given there',
+    )
     go.add_argument("--work", type=Path, default=Path("results/census_scale"))
     go.add_argument("--out", type=Path, default=Path("results/census_scale.jsonl"))
     rep = sub.add_parser("report")

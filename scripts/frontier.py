@@ -14,14 +14,16 @@ configuration and seed already complete in the file is skipped), and gives each 
 library's budget of ``--seconds`` (a round expected to end past it is not started). ``--training`` (JSON) gives the training settings of
 every configuration in place of ``--max-epochs`` (unnamed ones keep the library's defaults); ``--defaults``
 runs the estimator exactly as ``SPPE(task)`` / ``SPLE(task)`` builds it (its default budget and training),
-for as many rounds as the defaults have. Wall time counts simulation, training and the 2000
-draws the score needs (SPLE's MCMC included), not the scoring itself; one torch thread. Each row also holds
-``change``: the statistic of ``stop_when_stable`` between that round and the previous one (not timed), so that
-the rule's tolerance can be read off the same fits, and ``sd`` / ``width95``: each parameter's posterior sd and
-central 95 % interval width from the scored draws (scripts/privacy_utility.py reads them). Rows written
-before the budget existed stopped after the first round that ended past ``--seconds``. ``report`` prints
-a markdown table (per configuration: the first time and simulation count at which C2ST <= 0.55, the best
-C2ST, and its time) and draws C2ST against time and against simulations.
+for as many rounds as the defaults have; ``--overrides`` (estimator arguments) and ``--reference`` (reference
+settings), both JSON, and ``--draws`` shrink a run to a smoke test and join its schedule label. Wall time
+counts simulation, training and the 2000 (``--draws``) draws the score needs (SPLE's MCMC included), not the
+scoring itself; one torch thread. Each row also holds ``change``: the statistic of ``stop_when_stable``
+between that round and the previous one (not timed), so that the rule's tolerance can be read off the same
+fits, and ``sd`` / ``width95``: each parameter's posterior sd and central 95 % interval width from the scored
+draws (scripts/privacy_utility.py reads them). Rows written before the budget existed stopped after the first
+round that ended past ``--seconds``. ``report`` prints a markdown table (per configuration: the first time and
+simulation count at which C2ST <= 0.55, the best C2ST, and its time) and draws C2ST against time and against
+simulations.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -99,24 +102,26 @@ def done(out: Path) -> set[tuple]:
     return {configuration(r) for r in rows if r.get("last")}
 
 
-def reference_for(task, task_config: dict):
-    """The task's validated reference posterior with :data:`REFERENCE`'s settings (cached under
-    ``~/.cache/dpsbi/references``)."""
+def reference_for(task, task_config: dict, settings: dict | None = None):
+    """The task's validated reference posterior with :data:`REFERENCE`'s settings, ``settings`` over them
+    (cached under ``$DPSBI_CACHE``, else ``~/.cache/dpsbi/references``, as configs/config.yaml does)."""
+    cache = os.environ.get("DPSBI_CACHE") or Path("~/.cache/dpsbi/references").expanduser()
     return reference_posterior(
-        task,
-        task_config,
-        cache_dir=Path("~/.cache/dpsbi/references").expanduser(),
-        seed=0,
-        progress=False,
-        **REFERENCE,
+        task, task_config, cache_dir=Path(cache), seed=0, progress=False, **{**REFERENCE, **(settings or {})}
     )
 
 
 def label(args: argparse.Namespace) -> str:
-    """This invocation's schedule label (see :func:`schedule`)."""
+    """This invocation's schedule label (see :func:`schedule`), ``--overrides``, ``--reference`` and ``--draws``
+    appended when given (their rows are then no defaults' rows)."""
     if args.defaults:
-        return "defaults"
-    return json.dumps(args.training, sort_keys=True) if args.training else f"<= {args.max_epochs} epochs"
+        base = "defaults"
+    else:
+        base = json.dumps(args.training, sort_keys=True) if args.training else f"<= {args.max_epochs} epochs"
+    shrunk = {key: value for key in ("overrides", "reference") if (value := getattr(args, key))}
+    if args.draws != DRAWS:
+        shrunk["draws"] = args.draws
+    return f"{base} + {json.dumps(shrunk, sort_keys=True)}" if shrunk else base
 
 
 def run(args: argparse.Namespace) -> None:
@@ -127,7 +132,7 @@ def run(args: argparse.Namespace) -> None:
         **({"simulator": args.simulator} if args.simulator else {}),
     }
     task = build_task(task_config)
-    reference = reference_for(task, task_config)
+    reference = reference_for(task, task_config, args.reference)
     print(f"reference: {reference.note}", flush=True)
     finished = done(args.out)
     estimator = {
@@ -151,7 +156,13 @@ def run(args: argparse.Namespace) -> None:
     )
     for seed in args.seeds:
         for settings in configs:
-            fitted = estimator(task, seed=seed, progress=False, budget=dict(seconds=args.seconds), **settings)
+            fitted = estimator(
+                task,
+                seed=seed,
+                progress=False,
+                budget=dict(seconds=args.seconds),
+                **{**settings, **args.overrides},
+            )
             key = (args.task, args.epsilon, args.simulator or "default", args.method)
             if (*key, fitted.inner_samples, fitted.qmc, label(args), seed) not in finished:
                 fit_configuration(fitted, reference.samples, seed, args)
@@ -175,7 +186,7 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
     def on_round(index: int, posterior, num_simulations: int) -> None:
         nonlocal sampling, summary
         tic = time.perf_counter()
-        draws = posterior.sample((DRAWS,), seed=seed)
+        draws = posterior.sample((args.draws,), seed=seed)
         sampling += time.perf_counter() - tic
         before, summary = (
             summary,
@@ -193,7 +204,7 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
             "round": len(fitted.history),  # rounds finished so far
             "num_simulations": num_simulations,
             "seconds": round(sum(entry["seconds"] for entry in fitted.history) + sampling, 2),
-            "c2st": round(dpsbi.metrics.c2st(draws.cpu(), reference, seed=0), 4),
+            "c2st": round(dpsbi.metrics.c2st(draws.cpu(), reference[: args.draws], seed=0), 4),
             "steps": fitted.history[-1]["steps"],
             "change": None if before is None else round(fitted.stability_change(before, summary), 4),
             **spread(draws.cpu()),
@@ -297,6 +308,26 @@ def main(argv: list[str] | None = None) -> None:
         "--defaults",
         action="store_true",
         help="the estimator's own defaults (ignores --configs, --rounds, ...)",
+    )
+    r.add_argument(
+        "--overrides",
+        type=json.loads,
+        default={},
+        help="estimator arguments over every configuration, --defaults included, as JSON (a smoke test: "
+        "'{\"rounds\": 1}'); they join the schedule label",
+    )
+    r.add_argument(
+        "--reference",
+        type=json.loads,
+        default={},
+        help="reference settings over configs/config.yaml's as JSON (a smoke test: "
+        "'{\"importance_draws\": 20000}'); they join the schedule label",
+    )
+    r.add_argument(
+        "--draws",
+        type=int,
+        default=DRAWS,
+        help="posterior draws scored per round, against as many reference draws",
     )
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--out", type=Path, required=True)

@@ -125,16 +125,17 @@ def least_squares_r0(curve: list[float], i0: float, times: list[float] = TIMES) 
     return math.exp(fit.x[0] - fit.x[1]), float(2 * fit.cost)
 
 
-def deterministic() -> None:
-    """Print the deterministic SIR's least-squares R0 per outbreak and initial infected fraction."""
+def deterministic(names: list[str], fractions: list[str]) -> None:
+    """Print the deterministic SIR's least-squares R0 per outbreak (task ``names``) and initial infected
+    fraction (keys of :data:`INITIAL_FRACTIONS`)."""
     lines = [
-        "| outbreak | published | " + " | ".join(f"LS R0, i0 {k}" for k in INITIAL_FRACTIONS) + " |",
-        "|" + "---|" * (2 + len(INITIAL_FRACTIONS)),
+        "| outbreak | published | " + " | ".join(f"LS R0, i0 {k}" for k in fractions) + " |",
+        "|" + "---|" * (2 + len(fractions)),
     ]
-    for name, (label, point, _, _) in PUBLISHED.items():
-        fits = [
-            least_squares_r0(OUTBREAKS[name.removeprefix("sir_")], i0) for i0 in INITIAL_FRACTIONS.values()
-        ]
+    for name in names:
+        label, point, _, _ = PUBLISHED[name]
+        curve = OUTBREAKS[name.removeprefix("sir_")]
+        fits = [least_squares_r0(curve, INITIAL_FRACTIONS[k]) for k in fractions]
         cells = " | ".join(f"{r0:.2f} (rss {rss:.4f})" for r0, rss in fits)
         lines.append(f"| {label} | {point:g} | {cells} |")
     print("\n".join(lines))
@@ -233,14 +234,16 @@ def main(argv: list[str] | None = None) -> None:
     r = commands.add_parser("report", help="the R0 table and figures of a finished sweep")
     r.add_argument("sweep", type=Path)
     r.add_argument("-o", "--out", type=Path, required=True, help="figure path prefix")
-    commands.add_parser(
+    d = commands.add_parser(
         "deterministic", help="least-squares R0 of the deterministic SIR per initial condition"
     )
+    d.add_argument("--outbreaks", nargs="+", choices=list(PUBLISHED), default=list(PUBLISHED))
+    d.add_argument("--fractions", nargs="+", choices=list(INITIAL_FRACTIONS), default=list(INITIAL_FRACTIONS))
     args = parser.parse_args(argv)
     if args.command == "report":
         report(args.sweep, args.out)
     else:
-        deterministic()
+        deterministic(args.outbreaks, args.fractions)
 
 
 if __name__ == "__main__":

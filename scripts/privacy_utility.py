@@ -6,8 +6,8 @@ defaults (one torch thread), then
 
 - the curve: at each of 13 log-spaced epsilons, ``--releases`` releases of ONE confidential summary (regression:
   the paper's; SIR: one epidemic simulated at the true parameter, seed 0) with fresh noise; the mean over those
-  releases of each parameter's posterior sd and 95 % width (and their spread), 2000 draws per release, one batched
-  call per epsilon;
+  releases of each parameter's posterior sd and 95 % width (and their spread), ``--draws`` (2000) draws per
+  release, one batched call per epsilon;
 - at the task's stored releases at 0.1, 1 and 10: the amortized posterior's sd, width and C2ST against the
   reference posterior (``dpsbi.experiment.reference.reference_posterior``, scripts/frontier.py's settings).
 
@@ -39,7 +39,6 @@ from dpsbi.experiment.config import build_task
 RANGE = (0.1, 10.0)
 GRID = torch.logspace(-1, 1, 13, dtype=torch.float64).tolist()
 STORED = (0.1, 1.0, 10.0)
-DRAWS = 2000
 
 
 def confidential(task) -> torch.Tensor:
@@ -50,14 +49,14 @@ def confidential(task) -> torch.Tensor:
     return task.simulate(task.true_theta, torch.Generator().manual_seed(0))
 
 
-def curve(task, posterior, releases: int) -> list[dict]:
+def curve(task, posterior, releases: int, n: int) -> list[dict]:
     """Rows of the curve: per epsilon of :data:`GRID`, the mean and sd over ``releases`` releases of one
-    confidential summary of each parameter's posterior sd and 95 % width."""
+    confidential summary of each parameter's posterior sd and 95 % width, from ``n`` draws each."""
     s = confidential(task).expand(releases, -1)
     rows = []
     for k, epsilon in enumerate(GRID):
         y = task.mechanism.with_epsilon(epsilon).sample(s, generator=torch.Generator().manual_seed(k))
-        draws = posterior.sample_batched((DRAWS,), y=y, epsilon=epsilon, seed=k).cpu()  # (DRAWS, B, dim)
+        draws = posterior.sample_batched((n,), y=y, epsilon=epsilon, seed=k).cpu()  # (n, B, dim)
         per = [spread(draws[:, b]) for b in range(releases)]
         row = {"kind": "curve", "epsilon": epsilon, "releases": releases}
         for key in ("sd", "width95"):
@@ -68,21 +67,22 @@ def curve(task, posterior, releases: int) -> list[dict]:
     return rows
 
 
-def at_stored(name: str, posterior) -> list[dict]:
-    """The amortized posterior at the task's stored release at each of :data:`STORED`, against the reference."""
+def at_stored(name: str, posterior, n: int, reference_settings: dict) -> list[dict]:
+    """The amortized posterior at the task's stored release at each of :data:`STORED`, ``n`` draws, against as
+    many of the reference's (``reference_settings`` over scripts/frontier.py's)."""
     rows = []
     for epsilon in STORED:
         config = {"name": name, "epsilon": epsilon}
         task = build_task(config)
-        reference = reference_for(task, config)
-        draws = posterior.sample((DRAWS,), y=task.y_obs, epsilon=epsilon, seed=0).cpu()
+        reference = reference_for(task, config, reference_settings)
+        draws = posterior.sample((n,), y=task.y_obs, epsilon=epsilon, seed=0).cpu()
         rows.append(
             {
                 "kind": "amortized at y_obs",
                 "epsilon": epsilon,
                 **spread(draws),
                 "reference": spread(reference.samples),
-                "c2st": round(dpsbi.metrics.c2st(draws, reference.samples, seed=0), 4),
+                "c2st": round(dpsbi.metrics.c2st(draws, reference.samples[:n], seed=0), 4),
             }
         )
     return rows
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> None:
             continue
         task = build_task({"name": name, "epsilon": 1.0})
         wall, cpu = time.perf_counter(), time.process_time()
-        settings = {"rounds": args.rounds} if args.rounds else {}
+        settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
         posterior = dpsbi.SPPE(
             task, amortized=True, epsilon_range=RANGE, progress=False, seed=0, **settings
         ).run()
@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> None:
             "fit_wall_s": round(time.perf_counter() - wall, 1),
             "fit_cpu_s": round(time.process_time() - cpu, 1),
         }
-        rows = curve(task, posterior, args.releases) + at_stored(name, posterior)
+        rows = curve(task, posterior, args.releases, args.draws)
+        rows += at_stored(name, posterior, args.draws, args.reference)
         rows.append({"kind": "fit", **fit, "done": True})
         with args.out.open("a") as f:
             for row in rows:
@@ -208,6 +209,20 @@ def main() -> None:
         "--releases", type=int, default=20, help="releases of the confidential summary per epsilon"
     )
     r.add_argument("--rounds", type=int, help="rounds of the fit (default: the library's)")
+    r.add_argument("--draws", type=int, default=2000, help="posterior draws per release, and per C2ST")
+    r.add_argument(
+        "--overrides",
+        type=json.loads,
+        default={},
+        help="SPPE arguments over the library's defaults as JSON (a smoke test: '{\"sims_per_round\": 50}')",
+    )
+    r.add_argument(
+        "--reference",
+        type=json.loads,
+        default={},
+        help="reference settings over scripts/frontier.py's as JSON (a smoke test: "
+        "'{\"importance_draws\": 20000}')",
+    )
     r.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("report")
     p.add_argument("amortized", type=Path)

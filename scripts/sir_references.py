@@ -94,6 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", type=int, default=10_000, help="resampled draws kept in the repository")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("results/sir_references"))
+    parser.add_argument(
+        "--store-dir",
+        type=Path,
+        default=stored_references.STORE,
+        help="where the draws and provenance go (default: the repository's dpsbi/data/references)",
+    )
     args = parser.parse_args(argv)
     if args.draws % args.chunk or args.refit_draws % args.chunk or args.refit_draws >= args.draws:
         parser.error("--draws and --refit-draws must be multiples of --chunk, with --refit-draws < --draws")
@@ -142,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         "made": datetime.date.today().isoformat(),
         "wall_seconds_this_invocation": round(time.time() - started),
     }
-    path = stored_references.write(f"sir_eps{args.epsilon:g}", task, draws, provenance)
+    path = stored_references.write(f"sir_eps{args.epsilon:g}", task, draws, provenance, store=args.store_dir)
     print(
         f"eps {args.epsilon:g}: ESS {ess:.0f} of {args.draws}; mean {mean.tolist()} sd {sd.tolist()}; wrote {path}"
     )
