@@ -1,9 +1,9 @@
 """The main table of docs/RESULTS.md: every paper task x epsilon x method x seed of ``scripts/results_grid.sh``.
 
-    python scripts/main_grid.py collect multirun/grid/* --out results/main_grid.jsonl
+    python scripts/main_grid.py collect multirun/grid --out results/main_grid.jsonl
     python scripts/main_grid.py report results/main_grid.jsonl --figure docs/figures/main_grid.png
 
-``collect`` writes one row per finished run of the sweeps (its final metrics, seed, wall and CPU time, and when it
+``collect`` writes one row per finished run below the given directories (its final metrics, seed, wall and CPU time, and when it
 first reached C2ST <= 0.55), replacing the rows of runs already in the file; ``report`` prints the table, mean and
 spread over seeds per task, epsilon and method, and draws C2ST against CPU time.
 """
@@ -46,7 +46,7 @@ def first_at_bar(rounds: list[dict]) -> float | None:
 
 
 def run_rows(sweep: Path) -> list[dict]:
-    """One row per finished run below the sweep directory ``sweep``."""
+    """One row per finished run below ``sweep`` (a sweep directory, or a folder of them)."""
     out = []
     for row in final_rows(sweep):
         run = sweep / row["run"]
@@ -137,7 +137,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    c = commands.add_parser("collect", help="add finished runs of sweep directories to a rows file")
+    c = commands.add_parser("collect", help="add the finished runs below directories to a rows file")
     c.add_argument("sweeps", nargs="+", type=Path)
     c.add_argument("--out", type=Path, required=True)
     r = commands.add_parser("report", help="the table (and figure) from a rows file")

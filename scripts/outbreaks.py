@@ -159,12 +159,13 @@ def interval(x: torch.Tensor, level: float) -> tuple[float, float, float]:
     return float(q[0]), float(q[1]), float(q[2])
 
 
-def report(sweep: Path, out: Path) -> None:
-    """The R0 table and the three figures of the finished outbreak runs below ``sweep`` (figures at ``out_*``)."""
+def report(sweeps: list[Path], out: Path) -> None:
+    """The R0 table and the three figures of the finished outbreak runs below ``sweeps`` (figures at
+    ``out_*``)."""
     torch.manual_seed(0)
-    runs = finished_runs(sweep)
+    runs = [run for sweep in sweeps for run in finished_runs(sweep)]
     if not runs:
-        raise SystemExit(f"no finished outbreak runs (samples.csv) below {sweep}")
+        raise SystemExit(f"no finished outbreak runs (samples.csv) below {' '.join(map(str, sweeps))}")
     outbreaks = [name for name in PUBLISHED if any(r[0] == name for r in runs)]
     methods = sorted({r[1] for r in runs})
     colors = {m: f"C{i}" for i, m in enumerate(methods)}
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     r = commands.add_parser("report", help="the R0 table and figures of a finished sweep")
-    r.add_argument("sweep", type=Path)
+    r.add_argument("sweeps", nargs="+", type=Path)
     r.add_argument("-o", "--out", type=Path, required=True, help="figure path prefix")
     d = commands.add_parser(
         "deterministic", help="least-squares R0 of the deterministic SIR per initial condition"
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--fractions", nargs="+", choices=list(INITIAL_FRACTIONS), default=list(INITIAL_FRACTIONS))
     args = parser.parse_args(argv)
     if args.command == "report":
-        report(args.sweep, args.out)
+        report(args.sweeps, args.out)
     else:
         deterministic(args.outbreaks, args.fractions)
 

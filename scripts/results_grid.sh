@@ -4,7 +4,7 @@
 # at the library's defaults (configs/experiment/results.yaml), one core. Seed-major, so that a partial grid has
 # whole seeds; each sweep writes a fixed directory below multirun/grid, so a killed grid resumes where it stopped
 # (finished runs are skipped). SEEDS and TASKS pick a part, e.g. two cores: TASKS=sir in one job, TASKS='regression
-# naive_bayes' in the other. Then: python scripts/main_grid.py collect multirun/grid/* --out results/main_grid.jsonl
+# naive_bayes' in the other. Then: python scripts/main_grid.py collect multirun/grid --out results/main_grid.jsonl
 set -euo pipefail
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
 run=${DPSBI_RUN:-.venv/bin/dpsbi-run}

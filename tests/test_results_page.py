@@ -129,6 +129,7 @@ TINY = {
         env={"SEEDS": "0", "TASKS": "regression"},
         output="multirun/grid/regression_seed0/comparison.csv",
     ),
+    "scripts/main_grid.py collect": Tiny("--out main_grid.jsonl", output="main_grid.jsonl"),
     "scripts/fault_injection.py": Tiny(
         "--quick --only checkpoint posterior --work faults --out faults.json", output="faults.json"
     ),
