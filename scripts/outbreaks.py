@@ -218,7 +218,7 @@ def report(sweeps: list[Path], out: Path) -> None:
     ax_y[0][0].legend(fontsize=6)
     ax_r.set_yticks(range(len(outbreaks)), [PUBLISHED[n][0] for n in outbreaks], fontsize=7)
     ax_r.set_xscale("log")
-    ax_r.set_xlabel("R0 = beta / gamma (median, 95 % interval; published point and range in grey)")
+    ax_r.set_xlabel("R0 = beta / gamma (median, 95 % interval; grey: published)")
     ax_r.legend(fontsize=6)
     for fig, suffix in ((fig_p, "posteriors"), (fig_y, "predictive"), (fig_r, "r0")):
         fig.tight_layout()
