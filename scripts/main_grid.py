@@ -19,6 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from dpsbi.experiment.comparison import collect as final_rows  # noqa: E402
@@ -124,11 +125,13 @@ def plot(rows: list[dict], path: Path) -> None:
                 ax.scatter(x, y, s=14, color=colors.get(method, "k"), label=method)
         ax.axhline(BAR, color="k", lw=0.8, ls=":")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{task}, epsilon {epsilon:g}", fontsize=8)
         ax.set_xlabel("CPU seconds")
     axes[0][0].set_ylabel("C2ST (0.5 = exact)")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
+    handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
