@@ -93,13 +93,19 @@ def configuration(row: dict) -> tuple:
     return (*(row[k] for k in keys), schedule(row), row["seed"])
 
 
+def read_jsonl(*paths: Path) -> list[dict]:
+    """The rows of JSON-lines files, in order (blank lines skipped)."""
+    return [
+        json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()
+    ]
+
+
 def done(out: Path) -> set[tuple]:
     """The :func:`configuration` of every one the output file holds as complete (one file may hold several tasks
     and epsilons)."""
     if not out.is_file():
         return set()
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {configuration(r) for r in rows if r.get("last")}
+    return {configuration(r) for r in read_jsonl(out) if r.get("last")}
 
 
 def reference_for(task, task_config: dict, settings: dict | None = None):
@@ -222,12 +228,7 @@ def fit_configuration(fitted, reference: torch.Tensor, seed: int, args) -> None:
 
 
 def report(args: argparse.Namespace) -> None:
-    rows = [
-        json.loads(line)
-        for path in args.files
-        for line in Path(path).read_text().splitlines()
-        if line.strip()
-    ]
+    rows = read_jsonl(*args.files)
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(configuration(r), []).append(r)

@@ -19,25 +19,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from frontier import read_jsonl  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from dpsbi.experiment.comparison import collect as final_rows  # noqa: E402
-from dpsbi.experiment.outputs import read_rows  # noqa: E402
+from dpsbi.experiment.outputs import SUMMARY_COLUMNS, read_rows  # noqa: E402
+from dpsbi.files import atomic_write_text  # noqa: E402
 
 BAR = 0.55
-KEPT = (
-    "task",
-    "epsilon",
-    "method",
-    "reference",
-    "round",
-    "num_simulations",
-    "wall_time",
-    "cpu_time",
-    "c2st",
-    "mmd",
-)
 METHODS = ("sppe", "sple", "naive_npe", "da_mcmc", "smc_abc")
 
 
@@ -53,7 +43,7 @@ def run_rows(sweep: Path) -> list[dict]:
         run = sweep / row["run"]
         rounds = read_rows(run / row["method"] / "rounds.json")
         seed = int(OmegaConf.load(run / "config.yaml").seed)
-        kept = {k: row.get(k) for k in KEPT}
+        kept = {k: row[k] for k in SUMMARY_COLUMNS if k in row}
         out.append(
             {**kept, "seed": seed, "cpu_at_bar": first_at_bar(rounds), "run": f"{sweep.name}/{row['run']}"}
         )
@@ -65,12 +55,8 @@ def collect(sweeps: list[Path], path: Path) -> None:
     rows = {r["run"]: r for r in read_jsonl(path)} if path.is_file() else {}
     rows.update({r["run"]: r for sweep in sweeps for r in run_rows(sweep)})
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in sorted(rows.values(), key=key)))
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in sorted(rows.values(), key=key)))
     print(f"{len(rows)} runs in {path}")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def key(row: dict) -> tuple:

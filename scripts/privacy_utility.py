@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from frontier import reference_for, spread
+from frontier import read_jsonl, reference_for, spread
 
 import dpsbi
 from dpsbi.experiment.config import build_task
@@ -121,10 +121,10 @@ def report(args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in args.amortized.read_text().splitlines()]
+    rows = read_jsonl(args.amortized)
     separate = [
         r
-        for r in map(json.loads, args.separate.read_text().splitlines())
+        for r in read_jsonl(args.separate)
         if r.get("last") and r["schedule"] == "defaults" and r["method"] == "sppe" and r["seed"] == 0
     ]
     tasks = [t for t in args.tasks if any(r["task"] == t for r in rows)]

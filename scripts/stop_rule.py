@@ -12,21 +12,18 @@ fraction of time saved and the mean and worst C2ST lost.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
-from frontier import configuration
+from frontier import configuration, read_jsonl
 
 
 def fits(paths: list[Path]) -> dict[tuple, list[dict]]:
     """Complete ``--defaults`` fits (their last row marked), by ``frontier.configuration``, rows by round."""
     rows = defaultdict(list)
-    for path in paths:
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            if r.get("schedule") == "defaults" and "change" in r:
-                rows[configuration(r)].append(r)
+    for r in read_jsonl(*paths):
+        if r.get("schedule") == "defaults" and "change" in r:
+            rows[configuration(r)].append(r)
     return {k: sorted(v, key=lambda r: r["round"]) for k, v in rows.items() if any(r["last"] for r in v)}
 
 
