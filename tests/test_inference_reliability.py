@@ -4,6 +4,7 @@ atomic batches always have their atoms."""
 
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 import dpsbi
 from dpsbi.inference.losses import sppe_loss
-from dpsbi.inference.training import Batches, NonFiniteLossError
+from dpsbi.inference.training import Batches, NonFiniteLossError, _deterministic
 from dpsbi.mechanisms import Gaussian, Laplace
 
 TINY = dict(
@@ -214,3 +215,18 @@ def test_bad_appended_summaries_are_refused(s, match):
     task = _task()
     with pytest.raises(RuntimeError, match=match):
         dpsbi.SPPE(task, rounds=1, **TINY).append_simulations(task.prior.sample((60,)), s)
+
+
+def test_a_fit_on_cuda_uses_deterministic_kernels_and_restores_the_flag(monkeypatch):
+    """Only the flag is set, so this runs without a GPU; the bit-identical resumes on CUDA are checked by
+    test_no_simulation_lost and test_a_killed_run_resumes_from_its_last_round_without_resimulating there."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    with _deterministic(torch.device("cpu")):
+        assert not torch.are_deterministic_algorithms_enabled()  # the CPU's kernels are deterministic
+    with _deterministic(torch.device("cuda", 0)):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()

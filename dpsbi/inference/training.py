@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
 import threading
 import warnings
@@ -203,6 +204,28 @@ def _quiet():
 
 
 @contextlib.contextmanager
+def _deterministic(device: torch.device):
+    """Deterministic kernels for one fit on CUDA, so that a resumed or repeated fit gives the same flow there
+    too (the backward passes of ``gather`` and index ops sum with atomics on CUDA, in no fixed order; the
+    CPU's kernels are deterministic already). ``warn_only``: an op without a deterministic kernel warns
+    instead of failing the fit. Lightning's ``Trainer(deterministic=...)`` would leave the process-wide flag
+    set after the fit; this restores it."""
+    if device.type != "cuda":
+        yield
+        return
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for reproducible sums
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@contextlib.contextmanager
 def _interruptible():
     """Ctrl-C during ``Trainer.fit`` as a ``KeyboardInterrupt``. Lightning turns it into ``SystemExit(1)`` and
     leaves SIGINT ignored for the rest of the process (a notebook could no longer be interrupted); this
@@ -300,7 +323,8 @@ def fit_flow(
             enable_checkpointing=False,
             logger=False,
         )
-        trainer.fit(module, batches, _loader(val, settings.batch_size))
+        with _deterministic(trainer.strategy.root_device):
+            trainer.fit(module, batches, _loader(val, settings.batch_size))
     if module.best_state is None:
         raise RuntimeError("training produced no finite validation loss")
     flow.load_state_dict(module.best_state)

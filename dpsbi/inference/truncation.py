@@ -39,6 +39,7 @@ def truncated_prior_draws(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, "truncated", screened // BATCH))
             theta = task.prior.sample((BATCH,))
-        kept.append(theta[posterior.log_prob(theta).double() >= threshold])
+        inside = posterior.log_prob(theta).double() >= threshold  # on the flow's device
+        kept.append(theta[inside.to(theta.device)])
         found, screened = found + kept[-1].shape[0], screened + BATCH
     return torch.cat(kept)[:n]
