@@ -158,6 +158,7 @@ def gaussian_posterior():
 def _close_to(draws: torch.Tensor, mean: torch.Tensor, sd: torch.Tensor, tolerance: float) -> None:
     """Draws' means within ``tolerance`` exact sds of the exact means, and sds within ``tolerance`` relative: the
     Monte Carlo error of 4000 draws (~0.02) plus a small flow's approximation."""
+    draws = draws.cpu()  # results live on the flow's device
     shift = ((draws.mean(0) - mean) / sd).abs().max()
     spread = (draws.std(0) / sd - 1).abs().max()
     assert shift < tolerance and spread < tolerance, (float(shift), float(spread))
@@ -232,7 +233,7 @@ def test_posterior_files_record_the_range_and_refuse_outside_it(gaussian_posteri
     _, posterior = gaussian_posterior
     path = tmp_path / "posterior.pt"
     posterior.save(path)
-    loaded = dpsbi.load_posterior(path)
+    loaded = dpsbi.load_posterior(path, device=posterior.device)
     assert loaded.epsilon_range == (0.5, 4.0) and loaded.metadata()["options"]["epsilon_range"] == [0.5, 4.0]
     y = torch.tensor([0.8, -0.3])
     torch.testing.assert_close(
@@ -267,21 +268,25 @@ def test_a_default_epsilon_serves_tools_that_pass_releases_only(gaussian_posteri
     torch.manual_seed(0)
     theta = task.prior.sample((200,))
     releases = task.simulate_release(theta, generator=torch.Generator().manual_seed(1))
-    ranks, dap = run_sbc(theta, releases, view, num_posterior_samples=300, show_progress_bar=False)
+    on = view.device  # as with sbi's own posteriors, parameters and releases on the posterior's device
+    ranks, dap = run_sbc(
+        theta.to(on), releases.to(on), view, num_posterior_samples=300, show_progress_bar=False
+    )
+    ranks, dap = ranks.cpu(), dap.cpu()
     checks = check_sbc(ranks, task.prior.sample((200,)), dap, num_posterior_samples=300)
     assert (checks["ks_pvals"] > 0.01).all(), checks["ks_pvals"]
     noisier = load("conjugate_gaussian", epsilon=0.5, **GAUSS).simulate_release(
         theta, torch.Generator().manual_seed(1)
     )  # releases made at epsilon 0.5: the posterior at 3.0 is too narrow for them
-    wrong, _ = run_sbc(theta, noisier, view, num_posterior_samples=300, show_progress_bar=False)
-    assert check_sbc(wrong, theta, dap, num_posterior_samples=300)["ks_pvals"].min() < 1e-3
+    wrong, _ = run_sbc(theta.to(on), noisier.to(on), view, num_posterior_samples=300, show_progress_bar=False)
+    wrong = wrong.cpu()
     assert check_sbc(wrong, theta, dap, num_posterior_samples=300)["ks_pvals"].min() < 1e-3  # too wide at 0.5
 
     data = posterior.to_arviz(500, y=y, epsilon=2.0, seed=0, predictive=True)
     assert data.posterior.attrs["epsilon"] == 2.0
     torch.testing.assert_close(
         torch.as_tensor(data.posterior["theta_1"].values[0]).float(),
-        posterior.sample((500,), y=y, epsilon=2.0, seed=0)[:, 0],
+        posterior.sample((500,), y=y, epsilon=2.0, seed=0)[:, 0].cpu(),
     )
     assert view.to_arviz(10, y=y).posterior.attrs["epsilon"] == 3.0
     view.save(tmp_path / "view.pt")

@@ -97,8 +97,11 @@ def test_samples_depend_on_the_seed_only(posteriors):
 def test_likelihood_posterior_log_prob_is_prior_times_likelihood_flow(posteriors, task):
     post = posteriors["sple"]
     theta = torch.randn(7, 2)
-    expected = task.prior.log_prob(theta) + post.flow.log_prob(task.y_obs, theta)
-    assert torch.allclose(post.log_prob(theta), expected)
+    likelihood = post.flow.log_prob(
+        task.y_obs.to(post.device), theta.to(post.device)
+    )  # the flow's own device
+    expected = task.prior.log_prob(theta) + likelihood.cpu()
+    assert torch.allclose(post.log_prob(theta).cpu(), expected)
 
 
 def test_a_posterior_of_a_hand_built_task_loads_only_with_the_task(tmp_path, task):
@@ -395,7 +398,7 @@ def test_map_finds_the_trained_posteriors_own_mode(posteriors, task, kind):
     grid = torch.stack(torch.meshgrid(exact.mean[0] + axis, exact.mean[1] + axis, indexing="ij"), -1).reshape(
         -1, 2
     )
-    values = post.log_prob(grid)
+    values, mode = post.log_prob(grid).cpu(), mode.cpu()  # results live on the flow's device
     assert mode.shape == (2,)
     assert (mode - grid[values.argmax()]).norm() < 2 * float(axis[1] - axis[0])
     assert post.log_prob(mode[None]).item() >= values.max().item() - 1e-4

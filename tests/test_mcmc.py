@@ -192,8 +192,8 @@ def test_chains_run_on_the_device_of_their_start():
     info = {}
     target = torch.distributions.MultivariateNormal(G_MEAN.cuda(), G_COV.cuda())
     draws = slice_sample(
-        target.log_prob, init.cuda(), 2000, MCMCSettings(), seed=11, width=width.cuda(), info=info
-    )
+        target.log_prob, init.cuda(), 10_000, MCMCSettings(), seed=11, width=width.cuda(), info=info
+    )  # 20 draws a chain: ArviZ's ESS, and so the z-scores, are NaN below 10
     assert draws.device.type == "cuda"
     scores = z_scores(info["draws"].cpu(), G_MEAN, G_COV)
     assert max(abs(v) for v in scores.values()) <= TOLERANCE, scores
