@@ -140,6 +140,7 @@ TINY = {
         "--out rqmc --pairs 2 --repeats 3 --max-m 4 --sims 50", output="rqmc/rqmc_loss_variance.json"
     ),
     "scripts/bench.py": Tiny("--quick --tasks regression --json bench.json", output="bench.json"),
+    "scripts/cuda_check.sh": Tiny(skip="needs a machine with an NVIDIA GPU"),
 }
 #: Reports of committed results (a report with a recipe reads what its block ran first: a measurement here).
 REPORTS = [words for words in commands() if is_report(words) and recipe_key(words) not in TINY]
