@@ -1,4 +1,6 @@
-"""Exact-model (Gillespie) SIR reference posteriors at the stored releases, kept in dpsbi/data/references.
+"""Exact-model (Gillespie) SIR reference posteriors at the stored releases, kept in dpsbi/data/references:
+the ``sir`` task's (``--epsilon``) and the privatized real outbreaks' (``--outbreak KEY``: the task
+``sir_KEY`` with ``y_obs="privatize"`` at ``--release-seed``, the curve released through the mechanism).
 
 Self-normalised importance sampling of the exact private posterior, ``w = prior / q * eta(y_obs | s)`` with
 ``s`` from the exact simulator (the binomial mechanism is the kernel: consistent, no tolerance):
@@ -13,7 +15,8 @@ Self-normalised importance sampling of the exact private posterior, ``w = prior 
 
 Work is checkpointed per chunk of ``--chunk`` draws (seeded by its index) in ``--work``: a killed run resumes
 to the same result, and a larger ``--draws`` later extends it. One thread (numba and torch):
-``NUMBA_NUM_THREADS=1 python scripts/sir_references.py --epsilon 1 --draws 40000``.
+``NUMBA_NUM_THREADS=1 python scripts/sir_references.py --epsilon 1 --draws 40000``, or
+``... --outbreak ebola_guinea``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dpsbi.baselines.exact_abc import kish_ess
 from dpsbi.experiment import stored_references
 from dpsbi.experiment.reference import defensive_proposal, smoothed_resample
 from dpsbi.files import atomic_save
+from dpsbi.tasks.sir import OUTBREAKS
 
 
 def chunked_is(
@@ -64,11 +68,19 @@ def kish(log_w: torch.Tensor) -> float:
     return kish_ess(torch.softmax(log_w.double(), 0))
 
 
-def tau_leap_proposal(epsilon: float, particles: int, draws: int, work: Path, seed: int):
+def target(args: argparse.Namespace) -> tuple[str, dict, str]:
+    """The task's name, its factory keywords (less the simulator) and the stored entry's stem."""
+    if args.outbreak is not None:
+        name = f"sir_{args.outbreak}"
+        return name, {"y_obs": "privatize", "seed": args.release_seed}, f"{name}_private{args.release_seed}"
+    return "sir", {"epsilon": args.epsilon}, f"sir_eps{args.epsilon:g}"
+
+
+def tau_leap_proposal(name: str, kwargs: dict, particles: int, draws: int, work: Path, seed: int):
     """q0: the defensive mixture fitted to the tau-leap model's importance reference (kept in ``work``)."""
     path = work / "tau_leap.pt"
     if not path.exists():
-        tau = dpsbi.tasks.load("sir", epsilon=epsilon, simulator="tau_leap")
+        tau = dpsbi.tasks.load(name, **kwargs, simulator="tau_leap")
         start = time.time()
         pilot = smc_abc(tau, num_particles=particles, kernel="mechanism", seed=seed, progress=False)
         refit = abc_is(
@@ -85,7 +97,14 @@ def tau_leap_proposal(epsilon: float, particles: int, draws: int, work: Path, se
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epsilon", type=float, required=True, help="a stored release: 0.1, 1 or 10")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--epsilon", type=float, help="the sir task's stored release: 0.1, 1 or 10")
+    which.add_argument(
+        "--outbreak",
+        choices=sorted(OUTBREAKS),
+        help="a real outbreak's curve, privatized",
+    )
+    parser.add_argument("--release-seed", type=int, default=0, help="seed of the privatized outbreak release")
     parser.add_argument("--draws", type=int, default=40_000, help="exact-model importance draws in all")
     parser.add_argument("--refit-draws", type=int, default=10_000, help="of which from the tau-leap proposal")
     parser.add_argument("--chunk", type=int, default=2_000)
@@ -104,11 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.draws % args.chunk or args.refit_draws % args.chunk or args.refit_draws >= args.draws:
         parser.error("--draws and --refit-draws must be multiples of --chunk, with --refit-draws < --draws")
     torch.set_num_threads(1)
-    work = args.work / f"eps{args.epsilon:g}"
+    name, kwargs, stem = target(args)
+    work = args.work / stem.removeprefix("sir_")
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    task = dpsbi.tasks.load("sir", epsilon=args.epsilon, simulator="exact")
-    tau = tau_leap_proposal(args.epsilon, args.tau_particles, args.tau_draws, work, args.seed)
+    task = dpsbi.tasks.load(name, **kwargs, simulator="exact")
+    tau = tau_leap_proposal(name, kwargs, args.tau_particles, args.tau_draws, work, args.seed)
     q0 = defensive_proposal(task, tau["samples"], tau["weights"])
     split = args.refit_draws // args.chunk
     theta0, log_w0 = chunked_is(task, q0, 0, split, args.chunk, work, "q0", args.seed)
@@ -148,10 +168,8 @@ def main(argv: list[str] | None = None) -> None:
         "made": datetime.date.today().isoformat(),
         "wall_seconds_this_invocation": round(time.time() - started),
     }
-    path = stored_references.write(f"sir_eps{args.epsilon:g}", task, draws, provenance, store=args.store_dir)
-    print(
-        f"eps {args.epsilon:g}: ESS {ess:.0f} of {args.draws}; mean {mean.tolist()} sd {sd.tolist()}; wrote {path}"
-    )
+    path = stored_references.write(stem, task, draws, provenance, store=args.store_dir)
+    print(f"{stem}: ESS {ess:.0f} of {args.draws}; mean {mean.tolist()} sd {sd.tolist()}; wrote {path}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,21 @@ def test_real_outbreaks_are_flagged_as_not_mechanism_releases():
         load("sir_influenza", epsilon=1.0)
 
 
+def test_a_privatized_outbreak_is_the_mechanism_applied_to_the_curves_counts():
+    """``y_obs="privatize"`` releases the curve's counts in K through the binomial mechanism: over 400 seeds each
+    point's mean is the mechanism's success probability at those counts (z within 4 binomial standard errors:
+    a curve read as counts instead of fractions would be 0.002 everywhere), on the lattice k / N."""
+    real = load("sir_covid_clark")
+    releases = torch.cat([load("sir_covid_clark", y_obs="privatize", seed=s).y_obs for s in range(400)])
+    p = real.mechanism.probability(real.y_obs * real.mechanism.population)[0]
+    z = (releases.mean(0) - p) / (p * (1 - p) / real.mechanism.trials / 400).sqrt()
+    assert z.abs().max() < 4, z
+    assert torch.allclose(releases * 100, (releases * 100).round(), atol=1e-4)
+    task = load("sir_covid_clark", y_obs="privatize", seed=3)
+    assert task.release_from_mechanism and torch.equal(task.y_obs, releases[3:4])
+    task.require_mechanism_release("rejection ABC")  # a release of the mechanism: exact methods apply
+
+
 def test_regression_statistic_means_by_direct_computation():
     """With coefficients for which clamping at |10| is negligible, E[s] has a closed form."""
     task = load("regression", epsilon=1.0)

@@ -61,6 +61,7 @@ def _make(
     simulator: str,
     true_theta: list[float] | None,
     release_from_mechanism: bool,
+    confidential: list[float] | None = None,
 ) -> Task:
     dtype = torch.get_default_dtype()
     times = list(TIMES if times is None else times)
@@ -74,6 +75,9 @@ def _make(
     theta_true = torch.tensor([true_theta], dtype=dtype) if true_theta is not None else None
 
     def simulate_obs(generator: torch.Generator) -> Tensor:
+        if confidential is not None:  # real fractions: the curator's release of their counts in K
+            counts = (torch.tensor([confidential], dtype=torch.float64) * population).round()
+            return mechanism.sample(counts.to(dtype), generator=generator)
         if theta_true is None:
             raise ValueError(f"task {name!r} has no true parameter to simulate a release from")
         return mechanism.sample(simulate(theta_true, generator), generator=generator)
@@ -138,16 +142,19 @@ def _outbreak(key: str):
         simulator: str = "exact",
     ) -> Task:
         """A real outbreak's infected fractions with the paper's settings (prior N((-2, -3), I), N = M = 100,
-        K = 10^5). The data are observed fractions, not mechanism releases; ``epsilon`` is implied by M."""
+        K = 10^5). The data are observed fractions, not mechanism releases; ``epsilon`` is implied by M.
+        ``y_obs="privatize"``: the curve released through the task's mechanism at ``seed``, as a curator would
+        publish it; that is a release of the mechanism, so an exact (mechanism-kernel) posterior exists for it."""
         if epsilon is not None:
             raise ValueError(
                 f"task 'sir_{key}' has its privacy level fixed by pseudo_count; pass pseudo_count, not epsilon"
             )
+        privatize = y_obs == "privatize"
         given = y_obs is not None
         return _make(
             f"sir_{key}",
             None,
-            y_obs if given else OUTBREAKS[key],
+            "simulate" if privatize else y_obs if given else OUTBREAKS[key],
             seed,
             {},
             [-2.0, -3.0],
@@ -160,6 +167,7 @@ def _outbreak(key: str):
             simulator,
             None,
             given,
+            confidential=OUTBREAKS[key] if privatize else None,
         )
 
     return make_outbreak
