@@ -8,7 +8,9 @@ deterministic SIR's least-squares R0 under several initial conditions.
 ``<out>_r0.png`` (median and 95 % credible interval of R0 = beta / gamma) and ``<out>_predictive.png`` (the
 observed curve with the median and 90 % band of releases simulated from 500 posterior draws of each method), and
 prints the R0 table in markdown: whether the published point estimate lies inside each 95 % interval, beside the
-deterministic SIR's least-squares R0 for the same initial condition (model error apart from method error).
+deterministic SIR's least-squares R0 for the same initial condition (model error apart from method error). Runs
+scored against a reference (``experiment=sir_outbreaks_private``: the curves privatized, with their exact
+posteriors stored) add the reference's R0 and the method's C2ST against it.
 ``deterministic`` prints that least-squares R0 for initial infected fractions 1e-3 (the curves' placeholder
 first point taken as data) and 1 / K for K = 10^4, 10^5 (the paper's) and 10^6: how much the initial condition
 and the population size, not the data, set R0.
@@ -17,6 +19,7 @@ and the population size, not the data, set R0.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -142,15 +145,26 @@ def deterministic(names: list[str], fractions: list[str]) -> None:
 
 
 def finished_runs(root: Path) -> list[tuple[str, str, Path, dict]]:
-    """``(task name, method, final draws CSV, task config)`` of every finished run below ``root``."""
+    """``(task name, method, run directory, task config)`` of every finished run below ``root``."""
     out = []
     for config_path in sorted(root.glob("*/config.yaml")):
         config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False)
         task, method = config["task"], config["method"]["name"]
-        draws = config_path.parent / method / "samples.csv"
-        if draws.is_file() and task["name"] in PUBLISHED:
-            out.append((task["name"], method, draws, task))
+        if (config_path.parent / method / "samples.csv").is_file() and task["name"] in PUBLISHED:
+            out.append((task["name"], method, config_path.parent, task))
     return out
+
+
+def scored(run: Path, method: str) -> tuple[str, str]:
+    """The reference's R0 (median and 95 % interval) and the method's final C2ST against it, as table cells
+    (``-`` for a run without a reference)."""
+    if not (run / "reference.csv").is_file():
+        return "-", "-"
+    reference, _ = read_draws(run / "reference.csv")
+    median, lo, hi = interval(torch.exp(reference[:, 0] - reference[:, 1]), 0.95)
+    rows = json.loads((run / "summary.json").read_text())["runs"]
+    c2st = next(row["c2st"] for row in rows if row["method"] == method)
+    return f"{median:.2f} ({lo:.2f}-{hi:.2f})", f"{c2st:.3f}"
 
 
 def interval(x: torch.Tensor, level: float) -> tuple[float, float, float]:
@@ -175,8 +189,8 @@ def report(sweeps: list[Path], out: Path) -> None:
     fig_r, ax_r = plt.subplots(figsize=(6.5, 3.2))
     lines = [
         "| outbreak | method | R0 median | R0 95 % interval | published | published point inside | "
-        "deterministic SIR, least squares |",
-        "|---|---|---|---|---|---|---|",
+        "deterministic SIR, least squares | exact posterior's R0 | C2ST against it |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for col, name in enumerate(outbreaks):
         label, point, (low, high), _ = PUBLISHED[name]
@@ -184,8 +198,8 @@ def report(sweeps: list[Path], out: Path) -> None:
             [low, high], [col - 0.35] * 2, color="k", lw=3, alpha=0.4, label="published" if col == 0 else None
         )
         ax_r.plot([point], [col - 0.35], "k|", ms=8)
-        for i, (_, method, path, task_config) in enumerate(r for r in runs if r[0] == name):
-            draws, _ = read_draws(path)
+        for i, (_, method, run, task_config) in enumerate(r for r in runs if r[0] == name):
+            draws, _ = read_draws(run / method / "samples.csv")
             ax_p[0][col].scatter(draws[:, 0], draws[:, 1], s=2, alpha=0.3, color=colors[method], label=method)
             median, lo, hi = interval(torch.exp(draws[:, 0] - draws[:, 1]), 0.95)
             task = build_task(task_config)
@@ -194,7 +208,7 @@ def report(sweeps: list[Path], out: Path) -> None:
             inside = "yes" if lo <= point <= hi else "no"
             lines.append(
                 f"| {label} | {method} | {median:.2f} | {lo:.2f}-{hi:.2f} | {point:g} ({low:g}-{high:g}) | "
-                f"{inside} | {ls_r0:.2f} (i0 {i0:.0e}) |"
+                f"{inside} | {ls_r0:.2f} (i0 {i0:.0e}) | {' | '.join(scored(run, method))} |"
             )
             y = col + 0.1 + 0.25 * i
             ax_r.plot([lo, hi], [y, y], color=colors[method], lw=1.5, label=method if col == 0 else None)

@@ -119,6 +119,9 @@ TINY = {
     "dpsbi-run experiment=sir_outbreaks": Tiny(
         f"task=sir_ebola_guinea method=sppe {SWEEP}", output="multirun/outbreaks/comparison.csv"
     ),
+    "dpsbi-run experiment=sir_outbreaks_private": Tiny(
+        f"task=sir_ebola_guinea method=sppe {SWEEP}", output="multirun/outbreaks_private/comparison.csv"
+    ),
     "scripts/outbreaks.py report": Tiny("-o figures/outbreaks", output="figures/outbreaks_r0.png"),
     "scripts/outbreaks.py deterministic": Tiny(
         "--outbreaks sir_ebola_guinea --fractions 'K = 1e5 (paper)'", printed="| Ebola, Guinea | 1.71 | 1.53"
