@@ -19,7 +19,6 @@ and the population size, not the data, set R0.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from scipy.optimize import least_squares  # noqa: E402
 
 from dpsbi.experiment.config import build_task  # noqa: E402
-from dpsbi.experiment.outputs import read_draws  # noqa: E402
+from dpsbi.experiment.outputs import read_draws, read_rows  # noqa: E402
 from dpsbi.tasks.sir import OUTBREAKS, TIMES  # noqa: E402
 
 #: Outbreaks in the paper's order: label, published R0 point estimate and range, and where they come from (as
@@ -155,16 +154,21 @@ def finished_runs(root: Path) -> list[tuple[str, str, Path, dict]]:
     return out
 
 
+def r0_interval(draws: torch.Tensor) -> tuple[float, float, float]:
+    """Median and central 95 % interval of R0 = beta / gamma over draws ``(n, 2)`` of (log beta, log gamma)."""
+    return interval(torch.exp(draws[:, 0] - draws[:, 1]), 0.95)
+
+
 def scored(run: Path, method: str) -> tuple[str, str]:
-    """The reference's R0 (median and 95 % interval) and the method's final C2ST against it, as table cells
-    (``-`` for a run without a reference)."""
+    """The reference's R0 (median and 95 % interval) and the C2ST of the method's last scored round against it,
+    as table cells (``-`` where the run has no reference or no C2ST)."""
     if not (run / "reference.csv").is_file():
         return "-", "-"
     reference, _ = read_draws(run / "reference.csv")
-    median, lo, hi = interval(torch.exp(reference[:, 0] - reference[:, 1]), 0.95)
-    rows = json.loads((run / "summary.json").read_text())["runs"]
-    c2st = next(row["c2st"] for row in rows if row["method"] == method)
-    return f"{median:.2f} ({lo:.2f}-{hi:.2f})", f"{c2st:.3f}"
+    median, lo, hi = r0_interval(reference)
+    rows = read_rows(run / method / "rounds.json") if (run / method / "rounds.json").is_file() else []
+    c2st = rows[-1].get("c2st") if rows else None
+    return f"{median:.2f} ({lo:.2f}-{hi:.2f})", "-" if c2st is None else f"{c2st:.3f}"
 
 
 def interval(x: torch.Tensor, level: float) -> tuple[float, float, float]:
@@ -201,7 +205,7 @@ def report(sweeps: list[Path], out: Path) -> None:
         for i, (_, method, run, task_config) in enumerate(r for r in runs if r[0] == name):
             draws, _ = read_draws(run / method / "samples.csv")
             ax_p[0][col].scatter(draws[:, 0], draws[:, 1], s=2, alpha=0.3, color=colors[method], label=method)
-            median, lo, hi = interval(torch.exp(draws[:, 0] - draws[:, 1]), 0.95)
+            median, lo, hi = r0_interval(draws)
             task = build_task(task_config)
             i0 = task_config.get("initial_infected", 1) / task_config.get("population", 100_000)
             ls_r0, _ = least_squares_r0(task.y_obs[0].tolist(), i0)

@@ -7,8 +7,9 @@ Self-normalised importance sampling of the exact private posterior, ``w = prior 
 
 1. proposal q0: a defensive Gaussian mixture (``reference.defensive_proposal``) fitted to an importance
    reference of the tau-leap model (SMC-ABC pilot with the mechanism kernel, then ``--tau-draws`` draws);
-2. ``--refit-draws`` exact-model draws from q0; q1 = the defensive mixture refitted to them;
-3. exact-model draws from q1 up to ``--draws`` in all. Both stages are pooled (unnormalised weights from
+2. ``--refit-draws`` exact-model draws from q0; q1 = the defensive mixture refitted to them (``--refits`` > 1:
+   again, each q_k+1 refitted to all weighted draws so far, for a posterior the first refit misses);
+3. exact-model draws from the last proposal up to ``--draws`` in all. All stages are pooled (unnormalised weights from
    independent proposals are each unbiased), the Kish ESS reported, and ``--store`` draws resampled
    without repeats (``reference.smoothed_resample``) into ``dpsbi/data/references/sir_eps<epsilon>.csv`` with
    the provenance beside it.
@@ -106,7 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--release-seed", type=int, default=0, help="seed of the privatized outbreak release")
     parser.add_argument("--draws", type=int, default=40_000, help="exact-model importance draws in all")
-    parser.add_argument("--refit-draws", type=int, default=10_000, help="of which from the tau-leap proposal")
+    parser.add_argument(
+        "--refit-draws", type=int, default=10_000, help="draws from each proposal before it is refitted"
+    )
+    parser.add_argument("--refits", type=int, default=1, help="how many times the proposal is refitted")
     parser.add_argument("--chunk", type=int, default=2_000)
     parser.add_argument("--tau-particles", type=int, default=2000)
     parser.add_argument("--tau-draws", type=int, default=20_000)
@@ -120,8 +124,16 @@ def main(argv: list[str] | None = None) -> None:
         help="where the draws and provenance go (default: the repository's dpsbi/data/references)",
     )
     args = parser.parse_args(argv)
-    if args.draws % args.chunk or args.refit_draws % args.chunk or args.refit_draws >= args.draws:
-        parser.error("--draws and --refit-draws must be multiples of --chunk, with --refit-draws < --draws")
+    if (
+        args.draws % args.chunk
+        or args.refit_draws % args.chunk
+        or args.refits * args.refit_draws >= args.draws
+    ):
+        parser.error(
+            "--draws and --refit-draws must be multiples of --chunk, with --refits x --refit-draws < --draws"
+        )
+    if args.epsilon is not None and args.release_seed:
+        parser.error("--release-seed picks a privatized outbreak release: give it with --outbreak")
     torch.set_num_threads(1)
     name, kwargs, stem = target(args)
     work = args.work / stem.removeprefix("sir_")
@@ -129,12 +141,14 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     task = dpsbi.tasks.load(name, **kwargs, simulator="exact")
     tau = tau_leap_proposal(name, kwargs, args.tau_particles, args.tau_draws, work, args.seed)
-    q0 = defensive_proposal(task, tau["samples"], tau["weights"])
-    split = args.refit_draws // args.chunk
-    theta0, log_w0 = chunked_is(task, q0, 0, split, args.chunk, work, "q0", args.seed)
-    q1 = defensive_proposal(task, theta0, torch.softmax(log_w0.double(), 0).to(theta0))
-    theta1, log_w1 = chunked_is(task, q1, split, args.draws // args.chunk, args.chunk, work, "q1", args.seed)
-    theta, log_w = torch.cat([theta0, theta1]), torch.cat([log_w0, log_w1])
+    proposal = defensive_proposal(task, tau["samples"], tau["weights"])
+    split, stages = args.refit_draws // args.chunk, []
+    for k in range(args.refits + 1):  # stage k draws from q_k; the last one up to --draws
+        last = args.draws // args.chunk if k == args.refits else (k + 1) * split
+        stages.append(chunked_is(task, proposal, k * split, last, args.chunk, work, f"q{k}", args.seed))
+        theta, log_w = (torch.cat(parts) for parts in zip(*stages))
+        if k < args.refits:
+            proposal = defensive_proposal(task, theta, torch.softmax(log_w.double(), 0).to(theta))
     ess = kish(log_w)
     weights = torch.softmax(log_w.double(), 0)[:, None]
     draws, bandwidth = smoothed_resample(
@@ -149,14 +163,13 @@ def main(argv: list[str] | None = None) -> None:
         "method": (
             "self-normalised importance sampling of the exact private posterior (binomial mechanism as kernel, "
             "exact Gillespie simulator); proposal: defensive Gaussian mixture fitted to the tau-leap model's "
-            f"importance reference (ESS {tau['ess']:.0f}), refitted once to the first {args.refit_draws} exact-model "
-            f"draws; both stages pooled; {args.store} draws by Liu-West shrunk kernel resampling (bandwidth {bandwidth:.3f} "
+            f"importance reference (ESS {tau['ess']:.0f}), refitted {args.refits} time(s), each after "
+            f"{args.refit_draws} exact-model draws, to all weighted draws so far; all stages pooled; {args.store} draws by Liu-West shrunk kernel resampling (bandwidth {bandwidth:.3f} "
             "of the posterior sd, mean and covariance kept: no repeated draws for C2ST to recognise)"
         ),
         "importance_draws": args.draws,
         "ess": round(ess, 1),
-        "ess_q0_stage": round(kish(log_w0), 1),
-        "ess_q1_stage": round(kish(log_w1), 1),
+        "ess_stages": [round(kish(stage_log_w), 1) for _, stage_log_w in stages],
         "bandwidth": round(bandwidth, 4),
         "weighted_mean": mean.tolist(),
         "weighted_sd": sd.tolist(),

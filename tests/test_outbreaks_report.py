@@ -27,7 +27,7 @@ def fake_run(
     root: Path, name: str, method: str, log_beta: float, log_gamma: float, scored: float | None = None
 ) -> None:
     """A finished run's config.yaml and final draws around (log_beta, log_gamma); ``scored``: the run also has a
-    reference (around (-1, -1.25)) and this final C2ST against it."""
+    reference (around (-1, -1.5): R0 1.65) and this C2ST against it in its last round."""
     run = root / f"0_{name}_{method}"
     (run / method).mkdir(parents=True)
     task = {
@@ -43,8 +43,9 @@ def fake_run(
     OmegaConf.save(OmegaConf.create({"task": task, "method": {"name": method}}), run / "config.yaml")
     draws_csv(run / method / "samples.csv", log_beta, log_gamma)
     if scored is not None:
-        draws_csv(run / "reference.csv", -1.0, -1.25)
-        (run / "summary.json").write_text(json.dumps({"runs": [{"method": method, "c2st": scored}]}))
+        draws_csv(run / "reference.csv", -1.0, -1.5)
+        rounds = [{"round": 1, "c2st": 0.9}, {"round": 2, "c2st": scored}]
+        (run / method / "rounds.json").write_text(json.dumps(rounds))
 
 
 def row(table: str, prefix: str) -> list[str]:
@@ -65,8 +66,8 @@ def test_report_says_whether_the_published_point_lies_inside_the_interval(tmp_pa
     assert liberia[2] == "1.28" and liberia[5] == "no"
     assert guinea[6].startswith("1.53 (i0 1e-05)")  # the deterministic fit at the run's K = 10^5
     assert guinea[7:9] == ["-", "-"]  # no reference
-    # the reference's R0 (its draws are the method's, so the same summary) and the run's C2ST against it
-    assert liberia[7:9] == [f"{liberia[2]} ({liberia[3]})", "0.512"] and liberia[3] == "1.13-1.49"
+    # the reference's R0 (its draws: Guinea's run's, so the same summary) and the last round's C2ST against it
+    assert liberia[7:9] == [f"{guinea[2]} ({guinea[3]})", "0.512"] and liberia[3] == "1.13-1.49"
     assert "with the exception of the flu outbreak" in table  # the paper's own reading beside the table
     for suffix in ("posteriors", "r0", "predictive"):
         assert (tmp_path / "fig" / f"outbreaks_{suffix}.png").stat().st_size > 1000

@@ -84,7 +84,7 @@ def test_real_outbreaks_are_flagged_as_not_mechanism_releases():
 def test_a_privatized_outbreak_is_the_mechanism_applied_to_the_curves_counts():
     """``y_obs="privatize"`` releases the curve's counts in K through the binomial mechanism: over 400 seeds each
     point's mean is the mechanism's success probability at those counts (z within 4 binomial standard errors:
-    a curve read as counts instead of fractions would be 0.002 everywhere), on the lattice k / N."""
+    fractions taken for counts would give about 0.001 everywhere), on the lattice k / N."""
     real = load("sir_covid_clark")
     releases = torch.cat([load("sir_covid_clark", y_obs="privatize", seed=s).y_obs for s in range(400)])
     p = real.mechanism.probability(real.y_obs * real.mechanism.population)[0]

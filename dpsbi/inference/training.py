@@ -217,7 +217,9 @@ def _deterministic(device: torch.device):
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
     )
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for reproducible sums
+    # torch's deterministic mode asks for it (else it warns); it sizes the workspace of cuBLAS handles made from
+    # now on, and a handle made earlier in the process on one stream already sums in a fixed order
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield

@@ -149,7 +149,7 @@ def _outbreak(key: str):
             raise ValueError(
                 f"task 'sir_{key}' has its privacy level fixed by pseudo_count; pass pseudo_count, not epsilon"
             )
-        privatize = y_obs == "privatize"
+        privatize = isinstance(y_obs, str) and y_obs == "privatize"
         given = y_obs is not None
         return _make(
             f"sir_{key}",
