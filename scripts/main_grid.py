@@ -4,7 +4,8 @@
     python scripts/main_grid.py report results/main_grid.jsonl --figure docs/figures/main_grid.png
 
 ``collect`` writes one row per finished run below the given directories (its final metrics, seed, wall and CPU time, and when it
-first reached C2ST <= 0.55), replacing the rows of runs already in the file; ``report`` prints the table, mean and
+first reached C2ST <= 0.55), replacing the row of the same cell (task, epsilon, method, seed) already in the file,
+whichever sweep directory either ran in; ``report`` prints the table, mean and
 spread over seeds per task, epsilon and method, and draws C2ST against CPU time.
 """
 
@@ -50,10 +51,16 @@ def run_rows(sweep: Path) -> list[dict]:
     return out
 
 
+def cell(row: dict) -> tuple:
+    """A run's cell of the grid: task, epsilon, method and seed (one row each in the rows file)."""
+    return row["task"], float(row["epsilon"]), row["method"], row["seed"]
+
+
 def collect(sweeps: list[Path], path: Path) -> None:
-    """Add the finished runs of ``sweeps`` to the JSON-lines file ``path`` (a run already there is replaced)."""
-    rows = {r["run"]: r for r in read_jsonl(path)} if path.is_file() else {}
-    rows.update({r["run"]: r for sweep in sweeps for r in run_rows(sweep)})
+    """Add the finished runs of ``sweeps`` to the JSON-lines file ``path``; a run replaces the row of its cell
+    (:func:`cell`), so a grid rerun into other sweep directories counts each seed once."""
+    rows = {cell(r): r for r in read_jsonl(path)} if path.is_file() else {}
+    rows.update({cell(r): r for sweep in sweeps for r in run_rows(sweep)})
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in sorted(rows.values(), key=key)))
     print(f"{len(rows)} runs in {path}")

@@ -1,5 +1,7 @@
 """scripts/main_grid.py: the main table's mean and spread over seeds, and when each run first reached the bar."""
 
+import json
+
 import main_grid  # scripts/ is on the tests' path (pyproject.toml)
 
 
@@ -43,3 +45,19 @@ def test_table_gives_mean_and_sd_over_seeds_and_how_many_reached_the_bar(tmp_pat
 def test_spread_of_one_value_is_the_value():
     assert main_grid.spread([0.5], ".3f") == "0.500"
     assert main_grid.spread([1.0, 3.0], ".1f") == "2.0 ± 1.4"  # sd with n - 1: sqrt(2)
+
+
+def test_collect_keeps_one_row_per_cell_whichever_sweep_ran_it(tmp_path, monkeypatch):
+    """A cell rerun into another sweep directory (a grid resumed on a new machine) replaces its old row."""
+    path = tmp_path / "rows.jsonl"
+    old = {**row("sppe", 0, 0.60, 100.0, None), "run": "grid/regression_seed0_eps1/0_regression_eps1_sppe"}
+    path.write_text(json.dumps(old) + "\n")
+    rerun = {**row("sppe", 0, 0.52, 90.0, 40.0), "run": "grid/regression_seed0/4_regression_eps1_sppe"}
+    other = {**row("sppe", 1, 0.53, 95.0, 45.0), "run": "grid/regression_seed1/4_regression_eps1_sppe"}
+    monkeypatch.setattr(main_grid, "run_rows", lambda sweep: [rerun, other])
+    main_grid.collect([tmp_path / "grid"], path)
+    rows = main_grid.read_jsonl(path)
+    assert [(r["seed"], r["c2st"], r["run"]) for r in rows] == [
+        (0, 0.52, rerun["run"]),
+        (1, 0.53, other["run"]),
+    ]
