@@ -11,8 +11,8 @@ Self-normalised importance sampling of the exact private posterior, ``w = prior 
    again, each q_k+1 refitted to all weighted draws so far, for a posterior the first refit misses);
 3. exact-model draws from the last proposal up to ``--draws`` in all. All stages are pooled (unnormalised weights from
    independent proposals are each unbiased), the Kish ESS reported, and ``--store`` draws resampled
-   without repeats (``reference.smoothed_resample``) into ``dpsbi/data/references/sir_eps<epsilon>.csv`` with
-   the provenance beside it.
+   without repeats (``reference.smoothed_resample``) into ``dpsbi/data/references/sir_eps<epsilon>.csv`` (an
+   outbreak: ``sir_<outbreak>_private<release seed>.csv``) with the provenance beside it.
 
 Work is checkpointed per chunk of ``--chunk`` draws (seeded by its index) in ``--work``: a killed run resumes
 to the same result, and a larger ``--draws`` later extends it. One thread (numba and torch):
