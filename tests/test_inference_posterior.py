@@ -381,7 +381,8 @@ def test_batched_calls_on_a_sequential_posterior_warn_once(task):
     post = _random_flow_posterior(task, amortized=False)
     with pytest.warns(UserWarning, match="sequentially") as caught:
         post.sample_batched((3,), RELEASES, seed=0)
-    assert len(caught) == 1 and caught[0].filename == __file__  # it points at the caller
+    ours = [w for w in caught if "sequentially" in str(w.message)]  # not the libraries' (nflows' on CUDA)
+    assert len(ours) == 1 and ours[0].filename == __file__  # it points at the caller
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         post.sample_batched((3,), task.y_obs.expand(2, -1), seed=0)  # at y_obs only: no warning

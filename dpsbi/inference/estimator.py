@@ -33,7 +33,7 @@ from .posterior import Posterior
 from .posterior_file import task_spec
 from .seeding import derive_seed
 from .settings import Settings
-from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow
+from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow, training_device
 
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
@@ -702,6 +702,8 @@ class SequentialEstimator(abc.ABC):
         self.data, self.history = payload["data"], history
         self.flow = ConditionalFlow.blank(self.flow_settings, *payload["flow_shape"])
         self.flow.load_state_dict(payload["flow"])
+        self.flow.to(training_device(self.training))  # where a finished round leaves it: the next round's
+        # proposal then samples on the same device as in a run never interrupted
         return len(history)
 
     def _check_simulator(self, theta: Tensor, s: Tensor) -> None:

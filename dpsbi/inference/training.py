@@ -280,6 +280,28 @@ def epoch_budget(settings: TrainingSettings, batches_per_epoch: int) -> int | No
     return min(limits) if limits else None
 
 
+def _trainer(settings: TrainingSettings, **kwargs) -> pl.Trainer:
+    """Lightning's ``Trainer`` on the settings' device fields, with its own printing, logging and checkpoints
+    off (build it inside :func:`_quiet`)."""
+    return pl.Trainer(
+        accelerator=settings.accelerator,
+        devices=settings.devices,
+        precision=settings.precision,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        **kwargs,
+    )
+
+
+def training_device(settings: TrainingSettings) -> torch.device:
+    """The device a fit with ``settings`` trains on, where :func:`fit_flow` leaves the flow (Lightning's
+    resolution of ``accelerator`` and ``devices``: "auto" is the GPU when there is one)."""
+    with _quiet():
+        return _trainer(settings).strategy.root_device
+
+
 def fit_flow(
     flow: nn.Module,
     loss: Loss,
@@ -310,27 +332,23 @@ def fit_flow(
     )
     flow.train()  # Lightning leaves it in eval mode after validating, and warns about that at the next fit
     with _quiet(), _interruptible():
-        trainer = pl.Trainer(
-            accelerator=settings.accelerator,
-            devices=settings.devices,
-            precision=settings.precision,
+        trainer = _trainer(
+            settings,
             max_epochs=-1 if epochs is None else epochs,
             gradient_clip_val=settings.clip,
             callbacks=[
                 EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min", check_finite=False)
             ],
             num_sanity_val_steps=0,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            logger=False,
         )
-        with _deterministic(trainer.strategy.root_device):
-            trainer.fit(module, batches, _loader(val, settings.batch_size))
+        try:
+            with _deterministic(trainer.strategy.root_device):
+                trainer.fit(module, batches, _loader(val, settings.batch_size))
+        finally:  # Lightning's teardown moves the module to the CPU, even when the fit is interrupted
+            flow.to(trainer.strategy.root_device)
     if module.best_state is None:
         raise RuntimeError("training produced no finite validation loss")
     flow.load_state_dict(module.best_state)
-    flow.to(trainer.strategy.root_device)
     return {
         "epochs": module.epochs,
         "steps": trainer.global_step,
