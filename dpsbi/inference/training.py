@@ -184,12 +184,14 @@ class LossModule(pl.LightningModule):
 @contextlib.contextmanager
 def _quiet():
     """Silence Lightning for one fit: its INFO lines (banner, advert, the KeyboardInterrupt notice), its
-    data-loader advice (the data sit in memory) and its own call of a deprecated torch pytree API. Filters
-    match by message and module, so that any other warning still shows."""
+    data-loader advice (the data sit in memory), its notice that a GPU is left unused (the CPU is the faster
+    choice at small budgets: "On a GPU" in docs/RESULTS.md) and its own call of a deprecated torch pytree API.
+    Filters match by message and module, so that any other warning still shows."""
     loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*available but not used.*")  # accelerator="cpu" on a GPU machine
         warnings.filterwarnings("ignore", ".*number of training batches.*smaller than the logging interval.*")
         warnings.filterwarnings(
             "ignore", r".*isinstance\(treespec, LeafSpec\)` is deprecated", module=r"pytorch_lightning\."
