@@ -702,8 +702,8 @@ class SequentialEstimator(abc.ABC):
         self.data, self.history = payload["data"], history
         self.flow = ConditionalFlow.blank(self.flow_settings, *payload["flow_shape"])
         self.flow.load_state_dict(payload["flow"])
-        self.flow.to(training_device(self.training))  # where a finished round leaves it: the next round's
-        # proposal then samples on the same device as in a run never interrupted
+        # where a finished round leaves it, so that the next round's proposal samples as in an uninterrupted run
+        self.flow.to(training_device(self.training))
         return len(history)
 
     def _check_simulator(self, theta: Tensor, s: Tensor) -> None:
