@@ -62,3 +62,4 @@ stamp "paper rc $?"
 cp /tmp/paper/sppe/rounds.json "$OUT/paper_rounds.json" 2>/dev/null
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >>"$log" 2>&1
 stamp "done"
+sed -i "s#$PWD/##g" "$OUT"/*.log "$OUT"/log.txt  # the logs get committed: no path of this machine in them
