@@ -14,26 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
+from dpsbi.baselines.pmmh import PseudoMarginal
+from dpsbi.experiment.outputs import read_draws
 from dpsbi.inference.posterior import load_posterior
 
 
 def draws(path: Path) -> torch.Tensor:
     """Parameter draws ``(n, 2)`` from a run's CSV file."""
-    return torch.tensor(pd.read_csv(path).values, dtype=torch.float32)
-
-
-def exact_log_likelihood(task, theta: torch.Tensor, reps: int, generator: torch.Generator) -> np.ndarray:
-    """``log mean_j eta(y_obs | s_j)`` for each row of ``theta (n, 2)``, ``s_j`` from the task's simulator."""
-    s = task.simulate(theta.repeat_interleave(reps, 0), generator)
-    log_eta = task.mechanism.log_prob(task.y_obs.expand(len(s), -1), s).reshape(len(theta), reps)
-    return (torch.logsumexp(log_eta.double(), 1) - math.log(reps)).numpy()
+    return read_draws(path)[0]
 
 
 def main() -> None:
@@ -57,6 +50,9 @@ def main() -> None:
     task = posterior.task
     own = draws(args.run / "sple" / f"samples_round_{number:02d}.csv")
     generator = torch.Generator().manual_seed(0)
+    pseudo_marginal = PseudoMarginal(
+        task.simulate, task.mechanism, task.y_obs, args.reps
+    )  # log mean_j eta(y_obs | s_j)
     regions = {"reference": reference, "spurious mode": own[own[:, 1] < floor]}
     for name, region in regions.items():
         if len(region) == 0:
@@ -67,7 +63,7 @@ def main() -> None:
             learned = posterior.log_likelihood_z(
                 task.y_obs.reshape(1, -1), posterior.space.to_z(theta)
             ).numpy()
-        exact = exact_log_likelihood(task, theta, args.reps, generator)
+        exact = pseudo_marginal.log_estimate(theta, generator).numpy()
         print(
             f"round {number}, {name} ({len(theta)} draws, mean theta {np.round(theta.double().mean(0).numpy(), 2)}): "
             f"log likelihood at y_obs, median: learned {np.median(learned):.1f}, exact {np.median(exact):.1f}"
