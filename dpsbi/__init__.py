@@ -1,7 +1,7 @@
 """dpsbi: Bayesian inference from differentially private releases.
 
 Light modules (mechanisms, qmc, tasks) import eagerly; the estimators, baselines and metrics, which pull
-in sbi and Lightning, load on first attribute access.
+in sbi, load on first attribute access.
 """
 
 from __future__ import annotations

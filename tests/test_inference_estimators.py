@@ -236,11 +236,10 @@ def test_a_step_budget_caps_each_round_in_whole_epochs(task):
 
 
 def test_the_cosine_schedule_decays_to_zero_over_the_round():
-    from dpsbi.inference.training import LossModule, TrainingSettings
+    from dpsbi.inference.training import Loss, TrainingSettings, _Round
 
-    settings = TrainingSettings(lr=1e-3, max_steps=10, lr_schedule="cosine")
-    module = LossModule(torch.nn.Linear(2, 2), None, settings, 0, 1, total_steps=10)
-    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    settings = TrainingSettings(lr=1e-3, max_steps=10, lr_schedule="cosine", accelerator="cpu")
+    scheduler = _Round(torch.nn.Linear(2, 2), Loss(None), settings, 0, steps=10).schedule
     rates = [scheduler.get_last_lr()[0]]
     for _ in range(10):
         scheduler.optimizer.step()

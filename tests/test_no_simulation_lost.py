@@ -2,6 +2,7 @@
 the estimator as it found it, and Ctrl-C during training is a ``KeyboardInterrupt`` with the finished rounds
 kept and resumable from ``checkpoint_dir``."""
 
+import dataclasses
 import itertools
 import signal
 
@@ -33,13 +34,13 @@ class Interrupted(dpsbi.SPPE):
     def loss(self, round_index):
         inner, steps = super().loss(round_index), itertools.count()
 
-        def loss(flow, batch, generator):
-            if self.at == (round_index, next(steps)):
+        def compute(flow, batch, draws):
+            if flow.training and self.at == (round_index, next(steps)):
                 self.at = None
                 raise KeyboardInterrupt
-            return inner(flow, batch, generator)
+            return inner.compute(flow, batch, draws)
 
-        return loss
+        return dataclasses.replace(inner, compute=compute)
 
 
 def _external(theta, seed):

@@ -20,7 +20,7 @@ from .methods import Method
 #: Environment variable naming another config directory (a copy of ``configs/`` with your own groups).
 CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
 METRICS = ("c2st", "mmd", "nlog", "lmd")
-TRAINER_KEYS = (*DEVICE_FIELDS, "threads")
+TRAINER_KEYS = DEVICE_FIELDS
 #: Keys of the ``budget`` node: the simulation and training budget of every neural method of a run at once.
 BUDGET_KEYS = ("rounds", "sims_per_round", "inner_samples", "max_epochs", "max_steps")
 #: OmegaConf resolver ``${dpsbi_run_id:}``: a random token, the same throughout one composed config (cached),
@@ -76,7 +76,7 @@ def config_dir() -> Path:
 @dataclass
 class Plan:
     """A validated run: the task, the methods with their keyword settings (a neural method's ``training``
-    holds the Lightning settings of the ``trainer`` group), and the number of torch CPU threads (``None``:
+    holds the device settings of the ``trainer`` group), and the number of torch CPU threads (``None``:
     torch's default)."""
 
     task: Task
@@ -123,7 +123,7 @@ def merged(base: dict, override: dict) -> dict:
 
 def method_settings(cfg: DictConfig, method: Method, base: dict, trainer: dict, budget: dict) -> dict:
     """Keywords for ``method``: its config ``base`` (without ``name``) merged with ``method_settings[name]``;
-    a neural method's ``training`` takes the ``trainer`` group's Lightning settings unless it sets them, and
+    a neural method's ``training`` takes the ``trainer`` group's device settings unless it sets them, and
     the ``budget`` values that are set override the rest."""
     settings = merged(
         {k: v for k, v in base.items() if k != "name"},
@@ -153,7 +153,7 @@ def _method_config(name: str) -> dict:
 
 
 def _trainer(cfg: DictConfig) -> tuple[dict, int | None]:
-    """The Lightning keywords of the neural methods, and the torch thread count."""
+    """The device settings of the neural methods' training, and the torch thread count."""
     trainer = _container(cfg.get("trainer", {}))
     unknown = set(trainer) - set(TRAINER_KEYS)
     if unknown:
@@ -162,7 +162,7 @@ def _trainer(cfg: DictConfig) -> tuple[dict, int | None]:
         raise ConfigError(
             "trainer.accelerator=cuda but no CUDA device is visible; use trainer=auto or trainer=cpu"
         )
-    threads = trainer.pop("threads", None)
+    threads = trainer.get("threads")  # the process's threads, and the fits' (TrainingSettings.threads)
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"trainer.threads must be a positive integer or null, got {threads!r}")
     return trainer, threads

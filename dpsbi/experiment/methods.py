@@ -26,7 +26,7 @@ RoundCallback = Callable[[int, Tensor, int, Any], None]
 
 @dataclass(frozen=True)
 class Method:
-    """A method of ``dpsbi``: ``target`` is ``"module:attribute"``; ``neural`` methods are Lightning-trained
+    """A method of ``dpsbi``: ``target`` is ``"module:attribute"``; ``neural`` methods are trained
     estimators with ``.run()`` returning an amortized posterior, the others are functions returning draws.
     ``preflight(task)`` raises ``ValueError`` naming why the method cannot run on ``task``."""
 

@@ -57,9 +57,11 @@ def read(file: Path, device: torch.device) -> dict:
     payload = load_sealed(file, "dpsbi checkpoint", map_location=device)
     if payload.get("format") != FORMAT or payload.get("version") != VERSION:
         raise ValueError(f"{file} is not a dpsbi checkpoint of version {VERSION}")
+    fingerprint = json.loads(payload["fingerprint"])
+    fingerprint["flow"].setdefault("backend", "nflows")  # checkpoints written before the backend existed
     return {
         **payload,
-        "fingerprint": json.loads(payload["fingerprint"]),
+        "fingerprint": fingerprint,
         "history": json.loads(payload["history"]),
     }
 

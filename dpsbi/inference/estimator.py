@@ -18,7 +18,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import TensorDataset
 from tqdm.auto import tqdm
 
 from ..files import exclusive
@@ -119,7 +118,7 @@ class SequentialEstimator(abc.ABC):
     (``qmc=True``, a power of two) or plain uniforms. The grouped settings, each an instance or a dict of
     its fields: ``flow`` (:class:`~dpsbi.inference.flows.FlowSettings`: the flow's architecture) and
     ``training`` (:class:`~dpsbi.inference.training.TrainingSettings`: optimizer, early stopping, validation
-    split, Lightning device). ``seed`` fixes every random draw; ``progress`` shows bars.
+    split, device). ``seed`` fixes every random draw; ``progress`` shows bars.
 
     Amortized by design (``amortized=True``, SPPE and SPLE): every round draws from the prior (no proposal at
     ``y_obs``, which may be ``None``), the budget is ``rounds x sims_per_round``, and the posterior is valid at
@@ -165,7 +164,7 @@ class SequentialEstimator(abc.ABC):
     def defaults(cls, paper: bool = False) -> dict:
         """Every setting of ``cls(task)`` (``paper=True``: of ``cls.paper(task)``) with its value, as plain data:
         the constructor's keyword defaults (the class's own, then the keyword-only ones it passes on to its base),
-        each settings group (:attr:`settings_groups`) as a dict of its fields; ``training`` without Lightning's
+        each settings group (:attr:`settings_groups`) as a dict of its fields; ``training`` without its
         device fields, which belong to the machine (dpsbi-run's ``trainer`` group). The single source of
         dpsbi-run's ``configs/method`` files and ``paper`` preset (:mod:`dpsbi.experiment.config`)."""
         skip = {"self", "task", *cls.run_arguments, *cls.unused_arguments}
@@ -626,12 +625,14 @@ class SequentialEstimator(abc.ABC):
             )
             return ConditionalFlow(self.flow_settings, inputs, context)
 
-    def _dataset(self, validation: bool) -> TensorDataset:
+    def _dataset(self, validation: bool) -> tuple[Tensor, ...]:
+        """The training (or validation) rows' tensors (:meth:`tensors`, then each row's epsilon with
+        ``epsilon_range``)."""
         rows = self.data["validation"] == validation
         tensors = self.tensors(self.space.to_z(self.data["theta"][rows]), self.data["s"][rows])
         if self.epsilon_range is not None:
             tensors = (*tensors, self.data["epsilon"][rows])
-        return TensorDataset(*tensors)
+        return tensors
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def fingerprint(self) -> dict:
@@ -647,7 +648,7 @@ class SequentialEstimator(abc.ABC):
             "inner_samples": self.inner_samples,
             "qmc": self.qmc,
             "flow": self.flow_settings.to_dict(),
-            "training": self.training.to_dict(),
+            "training": {k: v for k, v in self.training.to_dict().items() if k not in ("threads", "compile")},
             "seed": self.seed,
             **(
                 {"amortized": True} if self.amortized else {}

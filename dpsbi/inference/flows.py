@@ -3,20 +3,21 @@ optional embedding network for the context (:class:`FlowSettings` ``embedding``)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
-from sbi.neural_nets.net_builders.flow import build_nsf
+from sbi.utils.sbiutils import standardizing_net, z_standardization
 from torch import Tensor, nn
 
 from .settings import Settings
+from .spline_flow import SplineFlow
 
-# nflows' LU transform (inside sbi's spline flows) calls torch.triangular_solve, deprecated by torch; not our
-# call, so it is silenced here, narrowly: that message, from that module only.
-warnings.filterwarnings("ignore", r"torch\.triangular_solve is deprecated", module=r"nflows\.transforms\.lu")
+#: The flows' implementations: ours without host synchronization (the default), and sbi's on nflows.
+BACKENDS = ("dpsbi", "nflows")
 
 
 def _mlp(context_dim: int) -> nn.Module:
@@ -58,7 +59,12 @@ class FlowSettings(Settings):
     (weights from the file). A module is recorded by class path and architecture only (:func:`describe_embedding`):
     a checkpoint resumes when the same module is passed again, but a saved posterior file cannot be loaded
     without it, and ``load_posterior`` refuses such a file in one line naming the class; save a flow with a
-    named embedding to reload it from the file alone."""
+    named embedding to reload it from the file alone.
+
+    ``backend``: ``"dpsbi"`` (the default; :mod:`dpsbi.inference.spline_flow`, the same architecture with zuko's
+    spline and no host synchronization, so that a GPU step never waits) or ``"nflows"`` (sbi's ``build_nsf``,
+    which waits for the device at every spline layer; what files and checkpoints written before ``backend``
+    existed hold, and :meth:`recorded` reads them so)."""
 
     label: ClassVar[str] = "flow"
     transforms: int = 8
@@ -67,8 +73,11 @@ class FlowSettings(Settings):
     bins: int = 10
     tail_bound: float = 5.0
     embedding: str | nn.Module | None = None
+    backend: str = "dpsbi"
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown flow backend {self.backend!r}; one of {BACKENDS}")
         for name in ("transforms", "hidden", "blocks", "bins"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"flow {name} must be a positive integer, got {getattr(self, name)}")
@@ -88,6 +97,11 @@ class FlowSettings(Settings):
                 f"flow embedding must be None, a name in {sorted(EMBEDDINGS)} or an nn.Module, got {type(embedding).__name__}"
             )
 
+    @classmethod
+    def recorded(cls, record: dict) -> FlowSettings:
+        """The settings a file or checkpoint recorded; those written before ``backend`` existed used nflows."""
+        return cls.coerce({"backend": "nflows", **record})
+
     def to_dict(self) -> dict:
         """The settings as JSON values (an embedding module as its description, :func:`describe_embedding`)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -106,10 +120,11 @@ class FlowSettings(Settings):
 class ConditionalFlow(nn.Module):
     """A density ``q(x | c)`` over ``x`` of shape ``(dim,)`` given a context ``c`` of shape ``(context_dim,)``.
 
-    Built by sbi's ``build_nsf`` from example batches ``inputs (n, dim)`` and ``context (n, context_dim)``,
-    whose per-dimension means and standard deviations z-score ``x`` (a first affine layer, so densities
-    stay those of ``x``) and ``c`` (a standardizing embedding). Both statistics are buffers: they are
-    part of the ``state_dict`` and come back with it.
+    Built from example batches ``inputs (n, dim)`` and ``context (n, context_dim)``, whose per-dimension means
+    and standard deviations z-score ``x`` (a first affine layer, so densities stay those of ``x``) and ``c``
+    (before the embedding). Both statistics are buffers: they are part of the ``state_dict`` and come back
+    with it. ``config.backend`` picks the layers: ``"dpsbi"`` (:class:`~dpsbi.inference.spline_flow.SplineFlow`,
+    no host synchronization) or ``"nflows"`` (sbi's ``build_nsf``, the flows of files written before).
     """
 
     def __init__(self, config: FlowSettings, inputs: Tensor, context: Tensor) -> None:
@@ -121,20 +136,17 @@ class ConditionalFlow(nn.Module):
             )
         self.config = config
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
-        embedding = config.embedding_net(self.context_dim)
         try:
-            self.net = build_nsf(
-                inputs,
-                context,
-                z_score_x="independent",
-                z_score_y="independent",
-                hidden_features=config.hidden,
-                num_transforms=config.transforms,
-                num_bins=config.bins,
-                tail_bound=float(config.tail_bound),
-                num_blocks=config.blocks,
-                embedding_net=embedding,
-            ).net
+            if config.backend == "nflows":
+                self.net = _nflows(config, inputs, context)
+            else:
+                embedding = nn.Sequential(
+                    standardizing_net(context, structured_dims=False), config.embedding_net(self.context_dim)
+                )
+                self.embedding = embedding
+                features = embedding(context[:2]).shape[-1]
+                mean, std = z_standardization(inputs, False)
+                self.spline = SplineFlow(self.dim, features, config, mean, std)
         except (RuntimeError, ValueError, TypeError) as error:
             if config.embedding is None:
                 raise
@@ -154,14 +166,21 @@ class ConditionalFlow(nn.Module):
         """``log q(x | c)`` for ``x (..., dim)`` and ``context (..., context_dim)`` whose batch shapes
         broadcast; returns the broadcast batch shape."""
         x, embedded, batch = self._broadcast(x, context)
-        noise, log_det = self.net._transform(x, context=embedded)
-        return (self.net._distribution.log_prob(noise, context=embedded) + log_det).reshape(batch)
+        if self.config.backend == "nflows":
+            with _nflows_quiet():
+                noise, log_det = self.net._transform(x, context=embedded)
+            return (self.net._distribution.log_prob(noise, context=embedded) + log_det).reshape(batch)
+        return self.spline.log_prob(x, embedded).reshape(batch)
 
     def sample(self, noise: Tensor, context: Tensor) -> Tensor:
         """The deterministic map from base noise ``(..., dim)`` (standard normal draws) to samples of
         ``q(. | c)``, for ``context (..., context_dim)`` broadcasting with it."""
         noise, embedded, batch = self._broadcast(noise, context)
-        x, _ = self.net._transform.inverse(noise, context=embedded)
+        if self.config.backend == "nflows":
+            with _nflows_quiet():
+                x, _ = self.net._transform.inverse(noise, context=embedded)
+        else:
+            x = self.spline.sample(noise, embedded)
         return x.reshape(batch + (self.dim,))
 
     def _broadcast(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor, torch.Size]:
@@ -173,8 +192,36 @@ class ConditionalFlow(nn.Module):
                 f"got {tuple(x.shape)} and {tuple(context.shape)}"
             )
         batch = torch.broadcast_shapes(x.shape[:-1], context.shape[:-1])
-        embedded = self.net._embedding_net(context.to(x.dtype).reshape(-1, self.context_dim))
+        embed = self.net._embedding_net if self.config.backend == "nflows" else self.embedding
+        embedded = embed(context.to(x.dtype).reshape(-1, self.context_dim))
         embedded = embedded.reshape(context.shape[:-1] + embedded.shape[-1:])
         x = x.expand(batch + (self.dim,)).reshape(-1, self.dim)
         embedded = embedded.expand(batch + embedded.shape[-1:]).reshape(-1, embedded.shape[-1])
         return x, embedded, batch
+
+
+def _nflows(config: FlowSettings, inputs: Tensor, context: Tensor) -> nn.Module:
+    """sbi's ``build_nsf`` network on nflows (backend ``"nflows"``)."""
+    from sbi.neural_nets.net_builders.flow import build_nsf
+
+    return build_nsf(
+        inputs,
+        context,
+        z_score_x="independent",
+        z_score_y="independent",
+        hidden_features=config.hidden,
+        num_transforms=config.transforms,
+        num_bins=config.bins,
+        tail_bound=float(config.tail_bound),
+        num_blocks=config.blocks,
+        embedding_net=config.embedding_net(int(context.shape[1])),
+    ).net
+
+
+@contextlib.contextmanager
+def _nflows_quiet():
+    """nflows' LU transform calls ``torch.triangular_solve``, which torch deprecates; not our call, so that message
+    is silenced during nflows' calls only (no filter outlives them)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"torch\.triangular_solve is deprecated")
+        yield

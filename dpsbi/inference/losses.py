@@ -52,39 +52,54 @@ def inner_releases(
     generator: torch.Generator | None = None,
     dequantize: bool = False,
     epsilon: Tensor | None = None,
+    u: Tensor | None = None,
 ) -> Tensor:
     """Releases ``y_ij = G(s_i, u_ij)`` of shape ``(N, M, dim_s)`` for confidential summaries ``s (N, dim_s)``.
 
+    ``u (N, M, k)``: the uniforms (:func:`noise_uniforms`), drawn here from ``generator`` when not given.
     ``dequantize``: lattice releases spread over their cells (:func:`dequantized`), the cell offset taken from
     extra coordinates of the same RQMC point as the mechanism noise, so that one point set integrates both.
     ``epsilon (N,)``: row ``i``'s releases by the mechanism re-calibrated at ``epsilon_i``."""
+    if u is None:
+        u = noise_uniforms(
+            s.shape[0], mechanism, inner_samples, qmc, generator, dequantize, s.device, s.dtype
+        )
     if epsilon is not None:
         mechanism = at_epsilons(mechanism, epsilon.reshape(-1, 1, 1))
-    extra = mechanism.dim if dequantize else 0
-    u = uniforms(
-        s.shape[0],
-        inner_samples,
-        mechanism.noise_dim + extra,
-        qmc=qmc,
-        generator=generator,
-        device=s.device,
-        dtype=s.dtype,
-    )
     y = mechanism.sample(s.unsqueeze(-2), u[..., : mechanism.noise_dim])
     return dequantized(y, mechanism, u[..., mechanism.noise_dim :]) if dequantize else y
 
 
+def noise_uniforms(
+    rows: int,
+    mechanism: Mechanism,
+    inner_samples: int,
+    qmc: bool = True,
+    generator: torch.Generator | None = None,
+    dequantize: bool = False,
+    device=None,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """The uniforms ``(rows, M, noise_dim [+ dim])`` of :func:`inner_releases`: RQMC (each row its own scrambled
+    Sobol points) or plain MC, with ``dim`` more coordinates for the cell offsets when ``dequantize``; on
+    ``device`` (default: the generator's)."""
+    extra = mechanism.dim if dequantize else 0
+    device = device if device is not None else (generator.device if generator is not None else None)
+    return uniforms(rows, inner_samples, mechanism.noise_dim + extra, qmc, generator, device, dtype)
+
+
 def atom_indices(batch: int, atoms: int, generator: torch.Generator | None = None, device=None) -> Tensor:
     """``(batch, atoms)`` row indices: row ``i`` itself, then ``atoms - 1`` distinct other rows drawn uniformly
-    (the batch is a uniform draw from all simulations so far, so the atoms are too)."""
+    (the batch is a uniform draw from all simulations so far, so the atoms are too). The other rows are those of
+    the ``atoms - 1`` smallest of i.i.d. uniform keys, row ``i``'s own key set above them all: a uniform subset,
+    drawn without a host synchronization (``torch.multinomial`` without replacement reads its input on the host)."""
     if not 1 <= atoms <= batch:
         raise ValueError(f"atoms must lie in [1, batch size = {batch}], got {atoms}")
     own = torch.arange(batch, device=device).unsqueeze(-1)
     if atoms == 1:
         return own
-    weights = 1.0 - torch.eye(batch, device=device)
-    others = torch.multinomial(weights, atoms - 1, replacement=False, generator=generator)
-    return torch.cat([own, others], dim=-1)
+    keys = torch.rand(batch, batch, generator=generator, device=device) + 2 * torch.eye(batch, device=device)
+    return torch.cat([own, keys.topk(atoms - 1, dim=-1, largest=False).indices], dim=-1)
 
 
 def posterior_loss(
@@ -95,6 +110,7 @@ def posterior_loss(
     log_prior: Tensor | None = None,
     generator: torch.Generator | None = None,
     reduction: str = "mean",
+    index: Tensor | None = None,
 ) -> Tensor:
     """Posterior-estimation loss for parameters ``theta (N, d)`` and releases ``y (N, M, dim_y)``.
 
@@ -102,13 +118,15 @@ def posterior_loss(
     ``-mean_ij log softmax_a [log q(theta_a | y_ij) - log p(theta_a)]`` at the true ``theta_i``, with the
     atoms of row ``i`` (itself and ``A - 1`` other rows, shared by its ``M`` releases) and ``log_prior (N,)``
     the prior log densities of the rows in the flow's space. ``A`` is capped at the batch size.
-    ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean.
+    ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean. ``index (N, A)``: the atoms
+    (:func:`atom_indices`), drawn here from ``generator`` when not given.
     """
     if atoms == 1:
         return _reduce(-flow.log_prob(theta.unsqueeze(-2), y), reduction)
     if log_prior is None:
         raise ValueError("the atomic loss (atoms > 1) needs log_prior, the prior log density of every row")
-    index = atom_indices(theta.shape[0], min(atoms, theta.shape[0]), generator, theta.device)  # (N, A)
+    if index is None:
+        index = atom_indices(theta.shape[0], min(atoms, theta.shape[0]), generator, theta.device)  # (N, A)
     logits = flow.log_prob(theta[index].unsqueeze(1), y.unsqueeze(2)) - log_prior[index].unsqueeze(
         1
     )  # (N, M, A)
@@ -127,12 +145,17 @@ def sppe_loss(
     log_prior: Tensor | None = None,
     reduction: str = "mean",
     epsilon: Tensor | None = None,
+    u: Tensor | None = None,
+    index: Tensor | None = None,
 ) -> Tensor:
     """SPPE loss of a posterior flow ``q(theta | y)`` on pairs ``theta (N, d)``, ``s (N, dim_s)``:
     :func:`posterior_loss` on ``M = inner_samples`` fresh releases of each ``s_i``. ``epsilon (N,)``: each
-    pair's privacy level, for a flow ``q(theta | y, log epsilon)`` (module docstring)."""
-    y = inner_releases(s, mechanism, inner_samples, qmc, generator, epsilon=epsilon)
-    return posterior_loss(flow, theta, with_log_epsilon(y, epsilon), atoms, log_prior, generator, reduction)
+    pair's privacy level, for a flow ``q(theta | y, log epsilon)`` (module docstring). ``u`` and ``index``:
+    the step's uniforms and atoms drawn beforehand (else from ``generator``)."""
+    y = inner_releases(s, mechanism, inner_samples, qmc, generator, epsilon=epsilon, u=u)
+    return posterior_loss(
+        flow, theta, with_log_epsilon(y, epsilon), atoms, log_prior, generator, reduction, index
+    )
 
 
 def sple_loss(
@@ -146,6 +169,7 @@ def sple_loss(
     reduction: str = "mean",
     dequantize: bool = False,
     epsilon: Tensor | None = None,
+    u: Tensor | None = None,
 ) -> Tensor:
     """SPLE loss of a likelihood flow ``q(y | theta)``: ``-mean_ij log q(y_ij | theta_i)`` over
     ``M = inner_samples`` fresh releases ``y_ij`` of each ``s_i``; ``theta (N, d)``, ``s (N, dim_s)``.
@@ -153,8 +177,9 @@ def sple_loss(
     mechanisms): ``q`` models ``y + h v`` instead (:func:`inner_releases`), a proper density whose mass on a
     release's cell estimates the release's probability; without it, maximum likelihood can pile density on
     the lattice points without bound. ``epsilon (N,)``: each pair's privacy level, for a flow
-    ``q(y | theta, log epsilon)`` (module docstring)."""
-    y = inner_releases(s, mechanism, inner_samples, qmc, generator, dequantize, epsilon)
+    ``q(y | theta, log epsilon)`` (module docstring). ``u``: the step's uniforms drawn beforehand (else from
+    ``generator``)."""
+    y = inner_releases(s, mechanism, inner_samples, qmc, generator, dequantize, epsilon, u)
     return _reduce(-flow.log_prob(y, with_log_epsilon(theta, epsilon).unsqueeze(-2)), reduction)
 
 

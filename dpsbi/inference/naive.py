@@ -50,7 +50,7 @@ class NaiveNPE(SequentialEstimator):
         return z, s
 
     def loss(self, round_index: int) -> Loss:
-        return lambda flow, batch, generator: posterior_loss(flow, batch[0], batch[1].unsqueeze(-2))
+        return Loss(lambda flow, batch, draws: posterior_loss(flow, batch[0], batch[1].unsqueeze(-2)))
 
     def posterior(self, round_index: int) -> FlowPosterior:
         return FlowPosterior(self.task, self._posterior_flow(), self.method, amortized=True)

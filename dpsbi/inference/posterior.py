@@ -630,7 +630,7 @@ def load_posterior(
     if meta["y_obs"] is not None:
         task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
     spec = meta["flow"]
-    flow = ConditionalFlow.blank(FlowSettings.coerce(spec["config"]), spec["dim"], spec["context_dim"])
+    flow = ConditionalFlow.blank(FlowSettings.recorded(spec["config"]), spec["dim"], spec["context_dim"])
     try:
         flow.load_state_dict(state)
     except RuntimeError as error:

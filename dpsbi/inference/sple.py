@@ -4,10 +4,11 @@ posterior ``prior x q(y_obs | .)`` sampled by MCMC."""
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from ..tasks import Task
 from .estimator import SequentialEstimator
-from .losses import dequantized, sple_loss
+from .losses import dequantized, noise_uniforms, sple_loss
 from .mcmc import MCMCSettings
 from .posterior import LikelihoodPosterior
 from .training import Loss
@@ -79,7 +80,7 @@ class SPLE(SequentialEstimator):
     def loss(self, round_index: int) -> Loss:
         mechanism, m, qmc, dequantize = self.task.mechanism, self.inner_samples, self.qmc, self.dequantize
 
-        def loss(flow, batch, generator):
+        def compute(flow, batch, draws):
             z, s, *epsilon = batch  # epsilon: with epsilon_range
             return sple_loss(
                 flow,
@@ -88,12 +89,15 @@ class SPLE(SequentialEstimator):
                 mechanism,
                 m,
                 qmc,
-                generator,
                 dequantize=dequantize,
                 epsilon=epsilon[0] if epsilon else None,
+                u=draws[0],
             )
 
-        return loss
+        def draw(rows: int, generator: torch.Generator) -> tuple[Tensor, ...]:
+            return (noise_uniforms(rows, mechanism, m, qmc, generator, dequantize),)
+
+        return Loss(compute, draw)
 
     def posterior(self, round_index: int) -> LikelihoodPosterior:
         flow = self._posterior_flow()

@@ -3,11 +3,12 @@ the stored confidential summaries at every step, with atomic APT or truncated-pr
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..tasks import Task
 from .estimator import SequentialEstimator
-from .losses import sppe_loss
+from .losses import atom_indices, noise_uniforms, sppe_loss
 from .posterior import FlowPosterior, Posterior
 from .training import Loss
 from .truncation import truncated_prior_draws
@@ -115,8 +116,9 @@ class SPPE(SequentialEstimator):
         atoms = 1 if prior_proposal else self.atoms
         mechanism, m, qmc = self.task.mechanism, self.inner_samples, self.qmc
 
-        def loss(flow, batch, generator):
+        def compute(flow, batch, draws):
             z, s, log_prior, *epsilon = batch  # epsilon: with epsilon_range
+            u, *index = draws
             return sppe_loss(
                 flow,
                 z,
@@ -124,13 +126,18 @@ class SPPE(SequentialEstimator):
                 mechanism,
                 m,
                 qmc,
-                generator,
                 atoms=atoms,
                 log_prior=log_prior,
                 epsilon=epsilon[0] if epsilon else None,
+                u=u,
+                index=index[0] if index else None,
             )
 
-        return loss
+        def draw(rows: int, generator: torch.Generator) -> tuple[Tensor, ...]:
+            u = noise_uniforms(rows, mechanism, m, qmc, generator)
+            return (u, atom_indices(rows, min(atoms, rows), generator, u.device)) if atoms > 1 else (u,)
+
+        return Loss(compute, draw)
 
     def posterior(self, round_index: int) -> FlowPosterior:
         return FlowPosterior(

@@ -1,40 +1,54 @@
-"""One round of flow training with PyTorch Lightning: Adam, gradient clipping, early stopping on a
-validation loss, and the weights of the best validation epoch restored at the end."""
+"""One round of flow training: Adam, gradient clipping, a constant or cosine learning rate, early stopping on a
+validation loss, and the weights of the best validation epoch restored at the end.
+
+The loop keeps the device busy: the round's data move to the training device once, every batch is cut by an
+on-device permutation, every step draws its randomness from an on-device generator, and the losses are summed
+on the device and read once per epoch (with the early-stopping decision). A step holds no ``.item()``, no
+boolean-mask indexing and no Python branch on a tensor, so it never waits for the host, and its deterministic
+part (:attr:`Loss.compute`) traces whole with ``torch.compile(fullgraph=True)``.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
-import signal
-import threading
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from .seeding import derive_seed
 from .settings import Settings
 
-#: ``loss(flow, batch, generator) -> scalar``: a batch is the tuple of tensors of the dataset.
-Loss = Callable[[nn.Module, tuple[Tensor, ...], torch.Generator], Tensor]
 #: Learning-rate schedules within a round (see :class:`TrainingSettings`).
 LR_SCHEDULES = ("constant", "cosine")
 #: ``on_epoch(epoch, train_loss, val_loss)``: called after every validated epoch (the estimators' round bar).
 EpochCallback = Callable[[int, float, float], None]
-#: Lightning's loggers: their INFO lines are a banner ("GPU available ...") and an advert on every fit.
-LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")
+#: Accelerators: ``"auto"`` is CUDA when a GPU is visible, else the CPU; ``"gpu"`` is CUDA.
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
+#: Precisions: float32, float64, or float32 weights with bfloat16 autocast on the device.
+PRECISIONS = {"32-true": torch.float32, "32": torch.float32, "64-true": torch.float64, "64": torch.float64}
+MIXED = ("bf16-mixed",)
+#: ``compile``: ``"auto"`` compiles a fit on CUDA of at least this many steps (below, compiling costs more than
+#: it saves: docs/RESULTS.md, "On a GPU").
+COMPILE_MIN_STEPS = 2000
+
+#: The fields of :class:`TrainingSettings` that belong to the machine.
+DEVICE_FIELDS = ("accelerator", "devices", "precision", "threads", "compile")
 
 
-#: The fields of :class:`TrainingSettings` that belong to the machine (Lightning's device settings).
-DEVICE_FIELDS = ("accelerator", "devices", "precision")
+@dataclass(frozen=True)
+class Loss:
+    """A training loss in two parts, so that a step's arithmetic is free of random-number calls (which
+    ``torch.compile`` cannot trace with a generator): ``draw(rows, generator)`` gives the random tensors of a
+    batch of ``rows`` pairs (mechanism uniforms, atoms), and ``compute(flow, batch, draws)`` the scalar loss,
+    deterministic given them. ``batch`` is the tuple of the round's tensors cut to the batch's rows."""
+
+    compute: Callable[[nn.Module, tuple[Tensor, ...], tuple[Tensor, ...]], Tensor]
+    draw: Callable[[int, torch.Generator], tuple[Tensor, ...]] = lambda rows, generator: ()
 
 
 @dataclass(frozen=True)
@@ -44,11 +58,17 @@ class TrainingSettings(Settings):
     ``patience`` epochs, after ``max_epochs`` or after ``max_steps`` gradient steps (``None``: no limit).
     The defaults are measured for a CPU (docs/RESULTS.md, "Fast by default"): 500 steps a round whatever the
     number of simulations, the learning rate decaying from 1e-3 on a cosine; the paper trained open-ended
-    rounds at a constant 5e-4 (:data:`~dpsbi.inference.estimator.PAPER_TRAINING`). ``lr_schedule`` is ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0
-    over the round's ``max_steps``, which it needs; every round starts again from ``lr``).
-    ``validation_fraction`` of each round's simulations are held out for the validation loss;
-    ``accelerator``, ``devices`` and ``precision`` go to Lightning's ``Trainer`` ("auto" uses a GPU when there
-    is one)."""
+    rounds at a constant 5e-4 (:data:`~dpsbi.inference.estimator.PAPER_TRAINING`). ``lr_schedule`` is
+    ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0 over the round's ``max_steps``,
+    which it needs; every round starts again from ``lr``). ``validation_fraction`` of each round's simulations
+    are held out for the validation loss.
+
+    The machine: ``accelerator`` (``"auto"``: CUDA when a GPU is visible, else the CPU; ``"cpu"``, ``"cuda"``
+    or ``"gpu"``, ``"mps"``), ``devices`` (one device: ``1``, ``"auto"``, or ``[k]`` for GPU ``k``),
+    ``precision`` (``"32-true"``, ``"64-true"``, ``"bf16-mixed"``), ``threads`` (torch's CPU threads during a
+    fit on the CPU, restored after; ``None`` keeps the process's; 1 is fastest for these small batches and
+    robust on a busy machine) and ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
+    ``"auto"``, on CUDA for a fit of at least :data:`COMPILE_MIN_STEPS` steps)."""
 
     label: ClassVar[str] = "training"
     batch_size: int = 100
@@ -63,6 +83,8 @@ class TrainingSettings(Settings):
     accelerator: str = "auto"
     devices: int | str | list = 1
     precision: str | int = "32-true"
+    threads: int | None = 1
+    compile: bool | str = "auto"
 
     def __post_init__(self) -> None:
         checks = {
@@ -75,12 +97,18 @@ class TrainingSettings(Settings):
             "max_steps": self.max_steps is None or self.max_steps >= 1,
             "lr_schedule": self.lr_schedule in LR_SCHEDULES,
             "validation_fraction": 0 < self.validation_fraction < 1,
+            "accelerator": self.accelerator in ACCELERATORS,
+            "devices": self.devices in (1, "1", "auto") or _device_index(self.devices) is not None,
+            "precision": str(self.precision) in (*PRECISIONS, *MIXED),
+            "threads": self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
+            "compile": self.compile in (True, False, "auto"),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
-            hint = f" (lr_schedule: one of {LR_SCHEDULES})" if "lr_schedule" in bad else ""
             raise ValueError(
-                f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}{hint}"
+                f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)} "
+                f"(lr_schedule: one of {LR_SCHEDULES}; accelerator: one of {ACCELERATORS}; devices: 1 or [k], "
+                f"one device; precision: one of {(*PRECISIONS, *MIXED)}; compile: True, False or 'auto')"
             )
         if self.lr_schedule == "cosine" and self.max_steps is None:
             raise ValueError(
@@ -88,121 +116,149 @@ class TrainingSettings(Settings):
             )
 
 
+def _device_index(devices) -> int | None:
+    """The GPU index of ``devices = [k]`` (or ``"k,"``), else ``None``."""
+    if isinstance(devices, (list, tuple)) and len(devices) == 1 and isinstance(devices[0], int):
+        return devices[0]
+    return None
+
+
 class NonFiniteLossError(RuntimeError):
     """A training or validation loss that is NaN or infinite."""
 
 
-class LossModule(pl.LightningModule):
-    """Trains ``flow`` on ``loss``. Every training step draws fresh mechanism noise from a generator seeded
-    with ``train_seed``; every validation epoch reuses the same noise (``val_seed``), so that validation
-    losses of different epochs differ only through the weights. Keeps the best weights seen. A cosine
-    ``lr_schedule`` decays the learning rate to 0 over ``total_steps``, the round's step budget.
-
-    A non-finite loss raises :class:`NonFiniteLossError` naming ``label`` (e.g. ``"SPPE round 2"``), the
-    epoch and the step. Training steps record the first bad step on the device and are checked once per
-    epoch, so that no step waits for the host."""
-
-    def __init__(
-        self,
-        flow: nn.Module,
-        loss: Loss,
-        settings: TrainingSettings,
-        train_seed: int,
-        val_seed: int,
-        label: str = "training",
-        total_steps: int | None = None,
-        on_epoch: EpochCallback | None = None,
-    ) -> None:
-        super().__init__()
-        self.flow, self.loss, self.settings, self.label, self.total_steps = (
-            flow,
-            loss,
-            settings,
-            label,
-            total_steps,
+def training_device(settings: TrainingSettings) -> torch.device:
+    """The device a fit with ``settings`` trains on, where :func:`fit_flow` leaves the flow."""
+    kind = settings.accelerator
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "gpu":
+        kind = "cuda"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "training accelerator='cuda' but no GPU is visible; use accelerator='auto' or 'cpu'"
         )
-        self.train_seed, self.val_seed, self.on_epoch = train_seed, val_seed, on_epoch
-        self.best_loss, self.best_state, self.epochs, self.train_loss = math.inf, None, 0, math.nan
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise RuntimeError(
+            "training accelerator='mps' but MPS is not available; use accelerator='auto' or 'cpu'"
+        )
+    index = _device_index(settings.devices)
+    return torch.device(kind, index) if kind == "cuda" and index is not None else torch.device(kind)
 
-    def on_fit_start(self) -> None:
-        self.train_generator = torch.Generator(device=self.device).manual_seed(self.train_seed)
 
-    def on_train_epoch_start(self) -> None:
-        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
-        self.train_sum = torch.zeros((), device=self.device)
-        self.train_count = 0
+def epoch_budget(settings: TrainingSettings, batches_per_epoch: int) -> int | None:
+    """The most epochs of a round: ``max_epochs``, and ``max_steps`` rounded up to whole epochs (so that the
+    last weights are validated, and the cosine schedule ends with the last epoch); ``None``: no limit."""
+    limits = [settings.max_epochs] if settings.max_epochs is not None else []
+    if settings.max_steps is not None:
+        limits.append(math.ceil(settings.max_steps / batches_per_epoch))
+    return min(limits) if limits else None
 
-    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
-        loss = self.loss(self.flow, batch, self.train_generator)
-        unseen = (self.first_bad_step < 0) & ~torch.isfinite(loss)
-        self.first_bad_step = torch.where(unseen, batch_idx, self.first_bad_step)
-        self.train_sum = self.train_sum + loss.detach() * len(batch[0])  # read once per epoch, on the host
-        self.train_count += len(batch[0])
-        return loss
 
-    def on_validation_epoch_start(self) -> None:
-        self.val_generator = torch.Generator(device=self.device).manual_seed(self.val_seed)
-        self.val_sum, self.val_count = 0.0, 0
+def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
+    """Slices of the row order ``order (n,)`` into batches of ``batch_size`` rows; a trailing partial batch joins
+    the one before it, so no batch has fewer than ``batch_size`` rows (unless there are fewer rows in all): the
+    atomic loss then always has its full number of atoms."""
+    count = max(order.shape[0] // batch_size, 1)
+    for i in range(count):
+        yield order[i * batch_size : (i + 1) * batch_size if i < count - 1 else None]
 
-    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        n = len(batch[0])
-        self.val_sum += float(self.loss(self.flow, batch, self.val_generator)) * n
-        self.val_count += n
 
-    def on_validation_epoch_end(self) -> None:
-        value = self.val_sum / self.val_count
-        bad_step = int(self.first_bad_step)
-        if bad_step >= 0:
-            self._fail(f"the training loss at step {bad_step}")
-        if not math.isfinite(value):
-            self._fail(f"the validation loss ({value})")
-        self.log("val_loss", value)
-        self.epochs += 1
-        self.train_loss = float(self.train_sum) / max(self.train_count, 1)
-        if value < self.best_loss:
-            self.best_loss = value
-            self.best_state = {k: v.detach().clone() for k, v in self.flow.state_dict().items()}
-        if self.on_epoch is not None:
-            self.on_epoch(self.epochs, self.train_loss, value)
+def compiles(settings: TrainingSettings, device: torch.device, steps: int | None) -> bool:
+    """Whether a fit of ``steps`` steps (``None``: open-ended) compiles its loss (``compile``)."""
+    if settings.compile != "auto":
+        return bool(settings.compile)
+    return device.type == "cuda" and (steps is None or steps >= COMPILE_MIN_STEPS)
 
-    def _fail(self, what: str) -> None:
-        raise NonFiniteLossError(
-            f"{self.label}, epoch {self.epochs}: {what} is not finite; the simulator, the mechanism or the flow "
-            "produced NaN/inf (check the summaries' scale, or lower lr)"
+
+class _Round:
+    """The state of one round's fit: the flow, optimizer and schedule, generators, and the best weights."""
+
+    def __init__(self, flow: nn.Module, loss: Loss, settings: TrainingSettings, seed: int, steps: int | None):
+        self.flow, self.loss, self.settings = flow, loss, settings
+        device = next(flow.parameters()).device
+        self.shuffle = torch.Generator(device=device).manual_seed(derive_seed(seed, "shuffle"))
+        self.noise = torch.Generator(device=device).manual_seed(derive_seed(seed, "noise"))
+        self.val_seed = derive_seed(seed, "validation")
+        self.optimizer = torch.optim.Adam(
+            flow.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, **_fused(device)
+        )
+        self.schedule = (
+            torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=steps)
+            if settings.lr_schedule == "cosine"
+            else None
+        )
+        compute = loss.compute
+        if compiles(settings, device, steps):
+            compute = torch.compile(compute, fullgraph=True, dynamic=False)
+        self.compute = compute
+        dtype = str(settings.precision)
+        self.autocast = (
+            (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+            if dtype in MIXED
+            else contextlib.nullcontext
         )
 
-    def configure_optimizers(self):
-        optimizer = torch.optim.Adam(
-            self.flow.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay
-        )
-        if self.settings.lr_schedule == "constant":
-            return optimizer
-        cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": cosine, "interval": "step"}}
+    def step(self, data: tuple[Tensor, ...], rows: Tensor) -> Tensor:
+        """One gradient step on the rows ``rows`` of ``data``; returns the batch's loss (detached, on the device)."""
+        batch = tuple(t.index_select(0, rows) for t in data)
+        draws = self.loss.draw(rows.shape[0], self.noise)
+        with self.autocast():
+            value = self.compute(self.flow, batch, draws)
+        self.optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
+        self.optimizer.step()
+        if self.schedule is not None:
+            self.schedule.step()
+        return value.detach()
+
+    def train_epoch(self, data: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        """One epoch of steps; returns the epoch's summed ``loss x rows`` and the index of its first non-finite
+        step (``-1``: none), both on the device."""
+        device = data[0].device
+        order = torch.randperm(data[0].shape[0], generator=self.shuffle, device=device)
+        total = torch.zeros((), device=device)
+        first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        for step, rows in enumerate(batches(order, self.settings.batch_size)):
+            value = self.step(data, rows)
+            first_bad = torch.where((first_bad < 0) & ~torch.isfinite(value), step, first_bad)
+            total = total + value * rows.shape[0]
+        return total, first_bad
+
+    @torch.no_grad()
+    def validation_loss(self, data: tuple[Tensor, ...]) -> Tensor:
+        """The mean loss over the validation rows, on the device, under the same noise at every epoch."""
+        generator = torch.Generator(device=data[0].device).manual_seed(self.val_seed)
+        order = torch.arange(data[0].shape[0], device=data[0].device)
+        total = torch.zeros((), device=data[0].device)
+        self.flow.eval()
+        for rows in batches(order, self.settings.batch_size):
+            batch = tuple(t.index_select(0, rows) for t in data)
+            with self.autocast():
+                value = self.loss.compute(self.flow, batch, self.loss.draw(rows.shape[0], generator))
+            total = total + value * rows.shape[0]
+        self.flow.train()
+        return total / data[0].shape[0]
+
+
+def _fused(device: torch.device) -> dict:
+    """Adam's fused kernel where torch has one for the device (one launch for all parameters)."""
+    return {"fused": True} if device.type == "cuda" else {}
 
 
 @contextlib.contextmanager
-def _quiet():
-    """Silence Lightning for one fit: its INFO lines (banner, advert, the KeyboardInterrupt notice), its
-    data-loader advice (the data sit in memory), its notice that a GPU is left unused (the CPU is the faster
-    choice at small budgets: "On a GPU" in docs/RESULTS.md) and its own call of a deprecated torch pytree API.
-    Filters match by message and module, so that any other warning still shows."""
-    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*available but not used.*")  # accelerator="cpu" on a GPU machine
-        warnings.filterwarnings("ignore", ".*number of training batches.*smaller than the logging interval.*")
-        warnings.filterwarnings(
-            "ignore", r".*isinstance\(treespec, LeafSpec\)` is deprecated", module=r"pytorch_lightning\."
-        )
-        for lg in loggers:
-            lg.setLevel(logging.WARNING)
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.setLevel(level)
+def _threads(settings: TrainingSettings, device: torch.device):
+    """torch's CPU threads set to ``settings.threads`` for a fit on the CPU, restored after."""
+    if device.type != "cpu" or settings.threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(settings.threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -210,8 +266,7 @@ def _deterministic(device: torch.device):
     """Deterministic kernels for one fit on CUDA, so that a resumed or repeated fit gives the same flow there
     too (the backward passes of ``gather`` and index ops sum with atomics on CUDA, in no fixed order; the
     CPU's kernels are deterministic already). ``warn_only``: an op without a deterministic kernel warns
-    instead of failing the fit. Lightning's ``Trainer(deterministic=...)`` would leave the process-wide flag
-    set after the fit; this restores it."""
+    instead of failing the fit. The process-wide flag is restored after the fit."""
     if device.type != "cuda":
         yield
         return
@@ -229,131 +284,62 @@ def _deterministic(device: torch.device):
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
-@contextlib.contextmanager
-def _interruptible():
-    """Ctrl-C during ``Trainer.fit`` as a ``KeyboardInterrupt``. Lightning turns it into ``SystemExit(1)`` and
-    leaves SIGINT ignored for the rest of the process (a notebook could no longer be interrupted); this
-    restores the handler and raises the interrupt the caller expects."""
-    main = threading.current_thread() is threading.main_thread()
-    handler = signal.getsignal(signal.SIGINT) if main else None
-    try:
-        yield
-    except SystemExit as exit_:
-        if isinstance(exit_.__context__, KeyboardInterrupt):
-            raise KeyboardInterrupt("training interrupted") from None
-        raise
-    finally:
-        if main and signal.getsignal(signal.SIGINT) is not handler:
-            signal.signal(signal.SIGINT, handler)
-
-
-class Batches(Sampler[Tensor]):
-    """Index batches of ``batch_size`` rows over ``size`` rows, shuffled by ``shuffle`` if given. A trailing
-    partial batch joins the one before it, so no batch has fewer than ``batch_size`` rows (unless there are
-    fewer rows in all): the atomic loss then always has its full number of atoms."""
-
-    def __init__(self, size: int, batch_size: int, shuffle: torch.Generator | None = None) -> None:
-        self.size, self.batch_size, self.shuffle = size, batch_size, shuffle
-
-    def __len__(self) -> int:
-        return max(self.size // self.batch_size, 1)
-
-    def __iter__(self):
-        order = (
-            torch.randperm(self.size, generator=self.shuffle)
-            if self.shuffle is not None
-            else torch.arange(self.size)
-        )
-        bounds = [i * self.batch_size for i in range(len(self))] + [self.size]
-        return (order[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
-
-
-def _loader(data: TensorDataset, batch_size: int, shuffle: torch.Generator | None = None) -> DataLoader:
-    """Batches of ``data`` taken by tensor indexing (no per-row collation); see :class:`Batches`."""
-    return DataLoader(data, sampler=Batches(len(data), batch_size, shuffle), batch_size=None)
-
-
-def epoch_budget(settings: TrainingSettings, batches_per_epoch: int) -> int | None:
-    """The most epochs of a round: ``max_epochs``, and ``max_steps`` rounded up to whole epochs (so that the
-    last weights are validated, and the cosine schedule ends with the last epoch); ``None``: no limit."""
-    limits = [settings.max_epochs] if settings.max_epochs is not None else []
-    if settings.max_steps is not None:
-        limits.append(math.ceil(settings.max_steps / batches_per_epoch))
-    return min(limits) if limits else None
-
-
-def _trainer(settings: TrainingSettings, **kwargs) -> pl.Trainer:
-    """Lightning's ``Trainer`` on the settings' device fields, with its own printing, logging and checkpoints
-    off (build it inside :func:`_quiet`)."""
-    return pl.Trainer(
-        accelerator=settings.accelerator,
-        devices=settings.devices,
-        precision=settings.precision,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        logger=False,
-        **kwargs,
-    )
-
-
-def training_device(settings: TrainingSettings) -> torch.device:
-    """The device a fit with ``settings`` trains on, where :func:`fit_flow` leaves the flow (Lightning's
-    resolution of ``accelerator`` and ``devices``: "auto" is the GPU when there is one)."""
-    with _quiet():
-        return _trainer(settings).strategy.root_device
-
-
 def fit_flow(
     flow: nn.Module,
     loss: Loss,
-    train: TensorDataset,
-    val: TensorDataset,
+    train: tuple[Tensor, ...],
+    val: tuple[Tensor, ...],
     settings: TrainingSettings,
     seed: int,
     label: str = "training",
     on_epoch: EpochCallback | None = None,
 ) -> dict:
-    """Train ``flow`` in place with one Lightning ``Trainer`` until the validation loss has not improved
-    for ``patience`` epochs (or ``max_epochs`` / ``max_steps``), then restore its best weights; the flow stays on the
-    training device. Lightning prints nothing; ``on_epoch(epoch, train_loss, val_loss)`` reports each epoch.
-    A non-finite loss raises :class:`NonFiniteLossError` naming ``label``; Ctrl-C raises ``KeyboardInterrupt``.
-    Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the last epoch's mean)."""
-    shuffle = torch.Generator().manual_seed(derive_seed(seed, "shuffle"))
-    batches = _loader(train, settings.batch_size, shuffle)
-    epochs = epoch_budget(settings, len(batches))
-    module = LossModule(
-        flow,
-        loss,
-        settings,
-        derive_seed(seed, "noise"),
-        derive_seed(seed, "validation"),
-        label,
-        total_steps=None if epochs is None else epochs * len(batches),
-        on_epoch=on_epoch,
+    """Train ``flow`` in place on the rows of ``train`` (a tuple of tensors of equal length) until the loss on
+    ``val`` has not improved for ``patience`` epochs (or ``max_epochs`` / ``max_steps``), then restore its best
+    weights; the flow stays on the training device (:func:`training_device`). ``on_epoch(epoch, train_loss,
+    val_loss)`` reports each epoch. A non-finite loss raises :class:`NonFiniteLossError` naming ``label``, the
+    epoch and the step. Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the
+    last epoch's mean)."""
+    device = training_device(settings)
+    double = PRECISIONS.get(str(settings.precision)) == torch.float64
+    flow.to(device=device, dtype=torch.float64 if double else None).train()
+    train, val = (tuple(_on(t, device, double) for t in part) for part in (train, val))
+    per_epoch = max(train[0].shape[0] // settings.batch_size, 1)
+    epochs = epoch_budget(settings, per_epoch)
+    state = _Round(flow, loss, settings, seed, None if epochs is None else epochs * per_epoch)
+    best_loss, best_state, waited, epoch, train_loss = math.inf, None, 0, 0, math.nan
+    with _threads(settings, device), _deterministic(device):
+        while epochs is None or epoch < epochs:
+            total, first_bad = state.train_epoch(train)
+            value = state.validation_loss(val)
+            total, first_bad, value = torch.stack([total, first_bad.to(total), value]).tolist()  # one read
+            epoch += 1
+            if first_bad >= 0:
+                _fail(label, epoch, f"the training loss at step {int(first_bad)}")
+            if not math.isfinite(value):
+                _fail(label, epoch, f"the validation loss ({value})")
+            train_loss = total / train[0].shape[0]
+            if value < best_loss:
+                best_loss, waited = value, 0
+                best_state = {k: v.detach().clone() for k, v in flow.state_dict().items()}
+            else:
+                waited += 1
+            if on_epoch is not None:
+                on_epoch(epoch, train_loss, value)
+            if waited >= settings.patience:
+                break
+    flow.load_state_dict(best_state)
+    flow.eval()
+    return {"epochs": epoch, "steps": epoch * per_epoch, "train_loss": train_loss, "best_val_loss": best_loss}
+
+
+def _on(t: Tensor, device: torch.device, double: bool) -> Tensor:
+    """A round's tensor on the training device (a floating one in float64 when training in ``"64-true"``)."""
+    return t.to(device=device, dtype=torch.float64 if double and t.is_floating_point() else t.dtype)
+
+
+def _fail(label: str, epoch: int, what: str) -> None:
+    raise NonFiniteLossError(
+        f"{label}, epoch {epoch}: {what} is not finite; the simulator, the mechanism or the flow "
+        "produced NaN/inf (check the summaries' scale, or lower lr)"
     )
-    flow.train()  # Lightning leaves it in eval mode after validating, and warns about that at the next fit
-    with _quiet(), _interruptible():
-        trainer = _trainer(
-            settings,
-            max_epochs=-1 if epochs is None else epochs,
-            gradient_clip_val=settings.clip,
-            callbacks=[
-                EarlyStopping(monitor="val_loss", patience=settings.patience, mode="min", check_finite=False)
-            ],
-            num_sanity_val_steps=0,
-        )
-        try:
-            with _deterministic(trainer.strategy.root_device):
-                trainer.fit(module, batches, _loader(val, settings.batch_size))
-        finally:  # Lightning's teardown moves the module to the CPU, even when the fit is interrupted
-            flow.to(trainer.strategy.root_device)
-    if module.best_state is None:
-        raise RuntimeError("training produced no finite validation loss")
-    flow.load_state_dict(module.best_state)
-    return {
-        "epochs": module.epochs,
-        "steps": trainer.global_step,
-        "train_loss": module.train_loss,
-        "best_val_loss": module.best_loss,
-    }

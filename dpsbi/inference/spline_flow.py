@@ -1,0 +1,150 @@
+"""A conditional neural spline flow with no host synchronization: the architecture of sbi's ``build_nsf`` (the
+main paper's) built from zuko's rational-quadratic spline, whose bins are found by comparison sums and ``gather``
+and whose tails are a ``torch.where``, so that ``log_prob``, ``sample`` and their gradients never wait for the
+device and trace whole with ``torch.compile(fullgraph=True)``.
+
+Layers, from the data to the base noise: the z-scoring of the data, then ``transforms`` times a coupling spline
+(alternating halves) followed by an LU-factorized linear map (when ``dim > 1``); the base is a standard normal.
+Each coupling's conditioner is a residual net (``blocks`` blocks of ``hidden`` ReLU units, gated by the context
+as in nflows' ``ResidualNet``) of the untouched half and the context; for ``dim = 1`` it sees the context only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from zuko.transforms import MonotonicRQSTransform
+
+
+class ResidualBlock(nn.Module):
+    """``h + W2 relu(W1 relu(h))`` gated by the context (GLU), the last layer initialized near zero."""
+
+    def __init__(self, features: int, context_features: int) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(features, features), nn.Linear(features, features)
+        self.context = nn.Linear(context_features, features)
+        nn.init.uniform_(self.second.weight, -1e-3, 1e-3)
+        nn.init.uniform_(self.second.bias, -1e-3, 1e-3)
+
+    def forward(self, h: Tensor, context: Tensor) -> Tensor:
+        """``h (n, features)``, ``context (n, context_features)`` -> ``(n, features)``."""
+        out = self.second(F.relu(self.first(F.relu(h))))
+        return h + F.glu(torch.cat([out, self.context(context)], -1), -1)
+
+
+class ResidualNet(nn.Module):
+    """``(inputs (n, in), context (n, c)) -> (n, out)``: a linear layer of both, ``blocks`` residual blocks of
+    ``hidden`` units, a linear output layer."""
+
+    def __init__(self, in_features: int, out_features: int, context_features: int, hidden: int, blocks: int):
+        super().__init__()
+        self.initial = nn.Linear(in_features + context_features, hidden)
+        self.blocks = nn.ModuleList(ResidualBlock(hidden, context_features) for _ in range(blocks))
+        self.final = nn.Linear(hidden, out_features)
+
+    def forward(self, inputs: Tensor, context: Tensor) -> Tensor:
+        h = self.initial(torch.cat([inputs, context], -1))
+        for block in self.blocks:
+            h = block(h, context)
+        return self.final(h)
+
+
+class CouplingSpline(nn.Module):
+    """Rational-quadratic splines on the coordinates ``transformed`` (identity outside ``[-bound, bound]``),
+    their bins, heights and knot slopes given by a residual net of the other coordinates and the context."""
+
+    def __init__(self, dim: int, transformed: list[int], context_features: int, settings) -> None:
+        super().__init__()
+        kept = [i for i in range(dim) if i not in transformed]
+        self.register_buffer("kept", torch.tensor(kept, dtype=torch.long), persistent=False)
+        self.register_buffer("transformed", torch.tensor(transformed, dtype=torch.long), persistent=False)
+        self.bins, self.bound = int(settings.bins), float(settings.tail_bound)
+        out = len(transformed) * (3 * self.bins - 1)
+        self.net = ResidualNet(len(kept), out, context_features, int(settings.hidden), int(settings.blocks))
+
+    def _spline(self, x: Tensor, context: Tensor) -> tuple[MonotonicRQSTransform, Tensor]:
+        """The spline of the transformed coordinates and their values, for ``x (n, dim)``."""
+        params = self.net(x.index_select(-1, self.kept), context)
+        params = params.reshape(x.shape[0], len(self.transformed), 3 * self.bins - 1)
+        widths, heights, slopes = params.split([self.bins, self.bins, self.bins - 1], -1)
+        scale = self.net.final.in_features**-0.5  # as nflows: bin logits start small, the bins near uniform
+        spline = MonotonicRQSTransform(widths * scale, heights * scale, slopes, bound=self.bound)
+        return spline, x.index_select(-1, self.transformed)
+
+    def forward(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Towards the noise: ``(y (n, dim), log |det| (n,))``."""
+        spline, part = self._spline(x, context)
+        y, ladj = spline.call_and_ladj(part)
+        return x.index_copy(-1, self.transformed, y), ladj.sum(-1)
+
+    def inverse(self, y: Tensor, context: Tensor) -> Tensor:
+        """Towards the data (the kept coordinates are unchanged, so they condition the same spline)."""
+        spline, part = self._spline(y, context)
+        return y.index_copy(-1, self.transformed, spline.inv(part))
+
+
+class LULinear(nn.Module):
+    """``y = x W' + b`` with ``W = L U`` (``L`` unit lower-triangular, ``U`` upper-triangular with a softplus
+    diagonal), initialized at the identity as nflows' ``LULinear``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lower = nn.Parameter(torch.zeros(dim, dim))
+        self.upper = nn.Parameter(torch.zeros(dim, dim))
+        self.diagonal = nn.Parameter(torch.full((dim,), math.log(math.expm1(1 - 1e-3))))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        eye = torch.eye(self.bias.shape[0], device=self.bias.device, dtype=self.bias.dtype)
+        lower = self.lower.tril(-1) + eye
+        upper = self.upper.triu(1) + torch.diag(F.softplus(self.diagonal) + 1e-3)
+        return lower, upper
+
+    def forward(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        lower, upper = self._factors()
+        ladj = torch.log(upper.diagonal()).sum().expand(x.shape[0])
+        return x @ (lower @ upper).T + self.bias, ladj
+
+    def inverse(self, y: Tensor, context: Tensor) -> Tensor:
+        lower, upper = self._factors()
+        rhs = (y - self.bias).T
+        solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+        return torch.linalg.solve_triangular(upper, solved, upper=True).T
+
+
+class SplineFlow(nn.Module):
+    """A density ``q(x | h)`` over ``x (n, dim)`` given features ``h (n, context_features)`` (the embedded
+    context), with the z-scoring ``mean``, ``std`` of ``x`` as buffers. ``settings``: a
+    :class:`~dpsbi.inference.flows.FlowSettings` (``transforms``, ``hidden``, ``blocks``, ``bins``,
+    ``tail_bound``)."""
+
+    def __init__(self, dim: int, context_features: int, settings, mean: Tensor, std: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean.reshape(dim).clone())
+        self.register_buffer("std", std.reshape(dim).clone())
+        layers: list[nn.Module] = []
+        for i in range(int(settings.transforms)):
+            transformed = list(range(i % 2, dim, 2)) if dim > 1 else [0]  # nflows' alternating masks
+            layers.append(CouplingSpline(dim, transformed, context_features, settings))
+            if dim > 1:
+                layers.append(LULinear(dim))
+        self.layers = nn.ModuleList(layers)
+
+    def log_prob(self, x: Tensor, features: Tensor) -> Tensor:
+        """``log q(x | h)`` of shape ``(n,)``."""
+        z = (x - self.mean) / self.std
+        total = -torch.log(self.std).sum().expand(x.shape[0])
+        for layer in self.layers:
+            z, ladj = layer(z, features)
+            total = total + ladj
+        return total - 0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi)
+
+    def sample(self, noise: Tensor, features: Tensor) -> Tensor:
+        """The image ``(n, dim)`` of standard normal ``noise (n, dim)`` under the flow's inverse."""
+        x = noise
+        for layer in reversed(self.layers):
+            x = layer.inverse(x, features)
+        return x * self.std + self.mean

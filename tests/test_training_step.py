@@ -1,0 +1,157 @@
+"""The training step makes no data-dependent host decision: its loss traces whole with
+``torch.compile(fullgraph=True)`` (tracing only, ``backend="eager"``: seconds), which any ``.item()``, boolean-mask
+indexing or Python branch on a tensor would break; on CUDA a step makes no device-to-host synchronization. Also the
+flow backends: the sync-free default against nflows' on the same tasks."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import dpsbi
+from dpsbi.inference import FlowSettings
+from dpsbi.inference.training import TrainingSettings, _Round, batches
+
+TINY = dict(
+    sims_per_round=60,
+    inner_samples=4,
+    flow=dict(transforms=2, hidden=8),
+    training=dict(max_epochs=1, accelerator="cpu"),
+    progress=False,
+)
+#: One task per mechanism family: Laplace (regression), Gaussian, the binomial curve (SIR, tau-leaping),
+#: discrete Gaussian (census), randomized response.
+TASKS = {
+    "regression": dict(epsilon=1.0),
+    "conjugate_gaussian": dict(epsilon=1.0),
+    "sir": dict(epsilon=10.0, simulator="tau_leap"),
+    "census_table": dict(),
+    "binary_responses": dict(mechanism="randomized_response"),
+}
+
+
+def _fitted(method: str, task_name: str, rounds: int = 1, **kwargs):
+    """An estimator after ``rounds`` tiny rounds (its flow and stored simulations are what a step trains on)."""
+    task = dpsbi.tasks.load(task_name, **TASKS[task_name])
+    options = {**TINY, **({"rounds": rounds} if method != "NaiveNPE" else {"num_simulations": 60})}
+    options.pop("inner_samples") if method == "NaiveNPE" else None
+    if method == "NaiveNPE":
+        options.pop("sims_per_round")
+    estimator = getattr(dpsbi, method)(task, **options, **kwargs)
+    estimator.run()
+    return estimator
+
+
+def _traced_equals_eager(estimator, round_index: int) -> None:
+    loss = estimator.loss(round_index)
+    batch = tuple(t[:20] for t in estimator._dataset(False))
+    draws = loss.draw(20, torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    traced = torch.compile(loss.compute, backend="eager", fullgraph=True)(estimator.flow, batch, draws)
+    eager = loss.compute(estimator.flow, batch, draws)
+    assert torch.isfinite(eager) and torch.allclose(traced, eager, rtol=1e-5, atol=1e-5)
+    traced.backward()  # the gradient of the traced loss exists
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+def test_the_sppe_step_traces_whole_in_both_losses(task_name):
+    """Round 1's loss (proposal = prior) and the atomic loss of later rounds."""
+    estimator = _fitted("SPPE", task_name, atoms=5)
+    _traced_equals_eager(estimator, 0)
+    _traced_equals_eager(estimator, 1)
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+def test_the_sple_step_traces_whole(task_name):
+    _traced_equals_eager(_fitted("SPLE", task_name, rounds=1), 0)
+
+
+def test_the_naive_npe_step_traces_whole():
+    _traced_equals_eager(_fitted("NaiveNPE", "regression"), 0)
+
+
+def test_the_epsilon_conditioned_step_traces_whole():
+    estimator = _fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0))
+    _traced_equals_eager(estimator, 0)
+
+
+def test_the_sync_free_flow_traces_whole_in_sampling():
+    estimator = _fitted("SPPE", "regression")
+    flow, noise = estimator.flow, torch.randn(5, 3)
+    context = estimator.task.release(estimator._dataset(False)[1][:5])
+    torch._dynamo.reset()
+    traced = torch.compile(flow.sample, backend="eager", fullgraph=True)(noise, context)
+    assert torch.allclose(traced, flow.sample(noise, context), atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["SPPE", "SPLE"])
+def test_a_training_step_on_cuda_never_synchronizes(method):
+    """Steps after the first (which builds the optimizer's state) under torch's sync debug mode: not one
+    device-to-host synchronization."""
+    estimator = _fitted(method, "regression", **({"atoms": 10} if method == "SPPE" else {}))
+    settings = TrainingSettings(accelerator="cuda", compile=False)
+    flow = estimator.flow.to("cuda")
+    data = tuple(t.to("cuda") for t in estimator._dataset(False))
+    state = _Round(flow, estimator.loss(1 if method == "SPPE" else 0), settings, seed=0, steps=100)
+    rows = next(batches(torch.arange(data[0].shape[0], device="cuda"), 50))
+    state.step(data, rows)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(3):
+                state.step(data, rows)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert not syncs, syncs[:3]
+
+
+@pytest.mark.parametrize("dim, context_dim", [(1, 1), (2, 3), (5, 8)])
+def test_the_sync_free_flow_is_a_normalized_invertible_density(dim, context_dim):
+    """float64: sample inverts log_prob's map to the noise, and log_prob integrates to 1 (1D grid, and the
+    change of variables on a 2D grid)."""
+    torch.manual_seed(0)
+    x, c = (
+        torch.randn(50, dim, dtype=torch.float64) * 3 + 1,
+        torch.randn(50, context_dim, dtype=torch.float64),
+    )
+    flow = dpsbi.inference.ConditionalFlow(FlowSettings(transforms=3, hidden=16), x, c).double()
+    with torch.no_grad():  # a non-trivial flow
+        for p in flow.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    noise = torch.randn(50, dim, dtype=torch.float64)
+    back = flow.sample(noise, c)
+    z, embedded = (back - flow.spline.mean) / flow.spline.std, flow.embedding(c)
+    for layer in flow.spline.layers:
+        z, _ = layer(z, embedded)
+    assert torch.allclose(z, noise, atol=1e-9)
+    if dim <= 2:
+        step = 0.02 if dim == 1 else 0.1
+        axis = torch.arange(-40, 40, step, dtype=torch.float64) + step / 2
+        grid = axis.unsqueeze(-1) if dim == 1 else torch.cartesian_prod(axis, axis)
+        with torch.no_grad():
+            mass = flow.log_prob(grid, c[:1].expand(len(grid), -1)).exp().sum() * step**dim
+        assert float(mass) == pytest.approx(1.0, abs=2e-3)
+
+
+def test_files_and_checkpoints_written_before_the_backend_existed_read_as_nflows():
+    assert FlowSettings.recorded({"transforms": 2}).backend == "nflows"
+    assert FlowSettings.recorded({"transforms": 2, "backend": "dpsbi"}).backend == "dpsbi"
+    assert FlowSettings().backend == "dpsbi"
+    with pytest.raises(ValueError, match="unknown flow backend 'zuko'"):
+        FlowSettings(backend="zuko")
+
+
+@pytest.mark.parametrize("backend", ["dpsbi", "nflows"])
+def test_both_backends_save_load_and_sample_the_same_draws(tmp_path, backend):
+    task = dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0)
+    post = dpsbi.SPPE(task, rounds=1, **{**TINY, "flow": dict(transforms=2, hidden=8, backend=backend)}).run()
+    post.save(tmp_path / "p.pt")
+    again = dpsbi.load_posterior(tmp_path / "p.pt")
+    assert again.flow.config.backend == backend
+    assert torch.equal(post.sample((50,), seed=3), again.sample((50,), seed=3))
