@@ -3,8 +3,10 @@ optional embedding network for the context (:class:`FlowSettings` ``embedding``)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -14,9 +16,17 @@ from torch import Tensor, nn
 
 from .settings import Settings
 
-# nflows' LU transform (inside sbi's spline flows) calls torch.triangular_solve, deprecated by torch; not our
-# call, so it is silenced here, narrowly: that message, from that module only.
-warnings.filterwarnings("ignore", r"torch\.triangular_solve is deprecated", module=r"nflows\.transforms\.lu")
+
+@contextlib.contextmanager
+def _lu_quiet() -> Iterator[None]:
+    """nflows' LU transform (inside sbi's spline flows) calls torch.triangular_solve, deprecated by torch; not our
+    call, so it is silenced while a flow runs, narrowly: that message, from that module only. Scoped, so that
+    importing dpsbi leaves the process's warning filters as they were."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", r"torch\.triangular_solve is deprecated", module=r"nflows\.transforms\.lu"
+        )
+        yield
 
 
 def _mlp(context_dim: int) -> nn.Module:
@@ -154,14 +164,16 @@ class ConditionalFlow(nn.Module):
         """``log q(x | c)`` for ``x (..., dim)`` and ``context (..., context_dim)`` whose batch shapes
         broadcast; returns the broadcast batch shape."""
         x, embedded, batch = self._broadcast(x, context)
-        noise, log_det = self.net._transform(x, context=embedded)
+        with _lu_quiet():
+            noise, log_det = self.net._transform(x, context=embedded)
         return (self.net._distribution.log_prob(noise, context=embedded) + log_det).reshape(batch)
 
     def sample(self, noise: Tensor, context: Tensor) -> Tensor:
         """The deterministic map from base noise ``(..., dim)`` (standard normal draws) to samples of
         ``q(. | c)``, for ``context (..., context_dim)`` broadcasting with it."""
         noise, embedded, batch = self._broadcast(noise, context)
-        x, _ = self.net._transform.inverse(noise, context=embedded)
+        with _lu_quiet():
+            x, _ = self.net._transform.inverse(noise, context=embedded)
         return x.reshape(batch + (self.dim,))
 
     def _broadcast(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor, torch.Size]:
