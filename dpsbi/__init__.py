@@ -8,10 +8,26 @@ from __future__ import annotations
 
 import importlib
 
+import torch
+
 from . import mechanisms, qmc, tasks
 from .tasks import from_simulator
 
 __version__ = "0.1.0"
+
+
+def _import_zuko_keeping_validation() -> None:
+    """Import zuko (the flow library sbi imports) now and give torch's distribution validation back its setting:
+    zuko's first import sets ``Distribution._validate_args = False`` for the whole process, and a module is
+    imported once, so importing dpsbi or its lazily loaded parts leaves the user's setting as it was."""
+    validate = torch.distributions.Distribution._validate_args
+    try:
+        importlib.import_module("zuko")
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(validate)
+
+
+_import_zuko_keeping_validation()
 
 _LAZY = {
     "SPPE": "dpsbi.inference",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,17 +39,71 @@ def temporary_path(path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary)`` and rename the temporary file onto ``path`` once it is complete and synced."""
+class WriteError(OSError):
+    """A file that could not be written (a full disk, a folder that is not writable): one line naming it."""
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts as alive; pid 0 and below never match a
+    temporary file's, so they count as alive too)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (OSError, OverflowError):  # no such process (ProcessLookupError), or not a valid pid
+        return False
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files of ``path`` (``<name>.<pid>.<8 hex>.tmp``, see :func:`temporary_path`) left by
+    processes that no longer exist (killed during a save); never those of a live process. Returns them."""
     path = Path(path)
+    pattern = re.compile(re.escape(path.name) + r"\.(\d+)\.[0-9a-f]{8}\.tmp")
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in path.parent.iterdir():
+            match = pattern.fullmatch(entry.name)
+            if match and not _process_alive(int(match.group(1))):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """Call ``write(temporary)`` and rename the temporary file onto ``path`` once it is complete and synced.
+    Temporary files of ``path`` left by dead processes are removed first (:func:`remove_stale_temporaries`); a
+    failing write (an ``OSError``, or torch's ``RuntimeError`` from a short write) raises :class:`WriteError`
+    naming ``path`` and the likely cause."""
+    path = Path(path)
+    remove_stale_temporaries(path)
     tmp = temporary_path(path)
     try:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:
+        if isinstance(error, (FileNotFoundError, WriteError)) or (
+            isinstance(error, RuntimeError) and not _is_write_failure(error)
+        ):
+            raise
+        raise WriteError(
+            f"could not write {path}: the disk may be full or the folder not writable; free space or choose "
+            f"another folder ({type(error).__name__}: {_first_line(error)})",
+        ) from error
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _is_write_failure(error: RuntimeError) -> bool:
+    """Whether torch's ``RuntimeError`` reports a failed write of its zip archive (e.g. ``[enforce fail at
+    inline_container.cc:...] . unexpected pos ...`` on a full disk), not a problem with the payload."""
+    text = str(error)
+    return "inline_container" in text or "unexpected pos" in text or "file write failed" in text
 
 
 def atomic_save(payload, path: str | os.PathLike) -> None:

@@ -152,8 +152,10 @@ def test_inverse_cdf_broadcasts_on_tables_cached_per_dtype():
     u = torch.rand(5, 8, 2, generator=torch.Generator().manual_seed(3))
     y = mech.sample(s, u)
     assert y.shape == (5, 8, 2) and torch.equal(y, mech.sample(s, u)) and bool(mech.in_support(y).all())
-    y32 = mech.sample(s.float(), u.float())
-    assert y32.dtype == torch.float32 and (y32.double() != y).float().mean() < 1e-3
+    y32 = mech.sample(s.float(), u.float())  # counts are computed and held in float64 whatever comes in
+    assert y32.dtype == torch.float64 and (y32 != y).float().mean() < 1e-3
+    y_table32 = mech.transform(s.float(), u.float())  # the map itself works in the uniforms' dtype
+    assert y_table32.dtype == torch.float32 and (y_table32.double() != y).float().mean() < 1e-3
     assert set(mech._tables) == {(torch.device("cpu"), torch.float64), (torch.device("cpu"), torch.float32)}
     extreme = mech.sample(torch.zeros(2), torch.tensor([[0.0, 1.0]]))  # clamped into (0, 1): finite
     assert torch.isfinite(extreme).all() and extreme[0, 0] < -10 and extreme[0, 1] > 10

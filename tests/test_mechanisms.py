@@ -7,7 +7,16 @@ import pytest
 import torch
 from scipy import stats
 
-from dpsbi.mechanisms import BinomialCurve, Gaussian, Laplace, RandomizedResponse, binomial_icdf
+from dpsbi.mechanisms import (
+    BinomialCurve,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Gaussian,
+    Laplace,
+    RandomizedResponse,
+    SmoothSensitivityLaplace,
+    binomial_icdf,
+)
 from dpsbi.mechanisms.gaussian import analytic_delta
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -169,3 +178,34 @@ def test_bad_shapes_and_releases_raise():
     with pytest.raises(ValueError, match="outside the support"):
         RandomizedResponse(1.0, 2).validate_release(torch.tensor([0.0, 0.5]))
     assert mech.log_prob(torch.tensor([[0.1, 0.123]]), torch.zeros(1, 2)).item() == -math.inf
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: Laplace(1e-40, 1.0), ValueError, "scale=1e\\+40 .*epsilon=1e-40.*larger epsilon"),
+        (lambda: DiscreteLaplace(1e-40, 1.0), ValueError, "scale=1e\\+40 .*larger epsilon"),
+        (lambda: Laplace.from_scale(float("inf"), 1.0), ValueError, "scale"),
+        (lambda: Gaussian(1e300, 1e-6, 1.0), ValueError, "epsilon=1e\\+300 .*analytic Gaussian calibration"),
+        (lambda: DiscreteGaussian(1e300, 1e-6), ValueError, "epsilon=1e\\+300 .*calibration"),
+        (lambda: DiscreteGaussian(sigma=1e20), ValueError, "sigma=1e\\+20"),
+        (lambda: Laplace("1", 1.0), TypeError, "epsilon must be a number, got '1'"),
+        (lambda: Gaussian(1.0, "1e-6", 1.0), TypeError, "delta must be a number"),
+        (lambda: Laplace(1.0, "2"), TypeError, "sensitivity must be a number"),
+        (lambda: Laplace(1.0, 1.0, dim=2.7), ValueError, "dim must be an integer >= 1, got 2.7"),
+        (lambda: DiscreteGaussian(1.0, 1e-6, dim=2.7), ValueError, "dim must be an integer"),
+        (lambda: RandomizedResponse(1.0, dim="2"), TypeError, "dim must be a number"),
+        (lambda: BinomialCurve(2.5, 100, 2, epsilon=1.0), ValueError, "trials must be an integer"),
+        (lambda: SmoothSensitivityLaplace(1.0, 1e-6, 1.0, n=10.5), ValueError, "n must be an integer"),
+    ],
+)
+def test_bad_constructor_arguments_get_one_line_naming_them(make, error, match):
+    with pytest.raises(error, match=match) as caught:
+        make()
+    assert "\n" not in str(caught.value)
+
+
+def test_whole_number_dims_are_taken():
+    assert Laplace(1.0, 1.0, dim=2.0).dim == 2
+    assert Laplace(1.0, 1.0, dim=np.int64(3)).dim == 3
+    assert Laplace(torch.tensor(2.0), 1.0).epsilon == 2.0

@@ -10,7 +10,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
-from sbi.utils.sbiutils import standardizing_net, z_standardization
+from nflows.transforms import PointwiseAffineTransform
+from sbi.utils.sbiutils import Standardize, standardizing_net, z_standardization
 from torch import Tensor, nn
 
 from .settings import Settings
@@ -136,6 +137,8 @@ class ConditionalFlow(nn.Module):
             )
         self.config = config
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
+        # built in torch's default dtype: wider examples (float64 counts) only set the z-scoring constants
+        inputs, context = inputs.to(torch.get_default_dtype()), context.to(torch.get_default_dtype())
         try:
             if config.backend == "nflows":
                 self.net = _nflows(config, inputs, context)
@@ -162,15 +165,24 @@ class ConditionalFlow(nn.Module):
         inputs, context = torch.eye(2, dim), torch.eye(2, context_dim)
         return cls(config, inputs, context)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of its weights (torch's default when it was built)."""
+        return next(self.parameters()).dtype
+
     def log_prob(self, x: Tensor, context: Tensor) -> Tensor:
         """``log q(x | c)`` for ``x (..., dim)`` and ``context (..., context_dim)`` whose batch shapes
-        broadcast; returns the broadcast batch shape."""
+        broadcast; returns the broadcast batch shape. Inputs wider than the flow's :attr:`dtype` (float64 counts
+        beyond 2^24) are z-scored in their own precision, then converted (:func:`_z_scored`)."""
         x, embedded, batch = self._broadcast(x, context)
-        if self.config.backend == "nflows":
-            with _nflows_quiet():
-                noise, log_det = self.net._transform(x, context=embedded)
-            return (self.net._distribution.log_prob(noise, context=embedded) + log_det).reshape(batch)
-        return self.spline.log_prob(x, embedded).reshape(batch)
+        if self.config.backend == "dpsbi":
+            return self.spline.log_prob(x, embedded).reshape(batch)
+        transforms = self.net._transform._transforms
+        with _nflows_quiet():
+            z, first_log_det = _z_scored(transforms[0], x, self.dtype, embedded)
+            noise, log_det = self.net._transform._cascade(z.to(self.dtype), transforms[1:], embedded)
+        log_q = self.net._distribution.log_prob(noise, context=embedded) + first_log_det + log_det
+        return log_q.reshape(batch)
 
     def sample(self, noise: Tensor, context: Tensor) -> Tensor:
         """The deterministic map from base noise ``(..., dim)`` (standard normal draws) to samples of
@@ -192,12 +204,34 @@ class ConditionalFlow(nn.Module):
                 f"got {tuple(x.shape)} and {tuple(context.shape)}"
             )
         batch = torch.broadcast_shapes(x.shape[:-1], context.shape[:-1])
-        embed = self.net._embedding_net if self.config.backend == "nflows" else self.embedding
-        embedded = embed(context.to(x.dtype).reshape(-1, self.context_dim))
+        embedded = self._embed(context.reshape(-1, self.context_dim))
         embedded = embedded.reshape(context.shape[:-1] + embedded.shape[-1:])
         x = x.expand(batch + (self.dim,)).reshape(-1, self.dim)
         embedded = embedded.expand(batch + embedded.shape[-1:]).reshape(-1, embedded.shape[-1])
         return x, embedded, batch
+
+    def _embed(self, context: Tensor) -> Tensor:
+        """The embedded context ``(n, features)`` of ``context (n, context_dim)``: its z-scoring (the first module
+        of the embedding) in the context's own precision, the rest in the flow's :attr:`dtype`."""
+        net = self.net._embedding_net if self.config.backend == "nflows" else self.embedding
+        if not isinstance(net, nn.Sequential) or len(net) == 0:
+            return net(context.to(self.dtype))
+        embedded = _z_scored(net[0], context, self.dtype).to(self.dtype)
+        for module in list(net)[1:]:
+            embedded = module(embedded)
+        return embedded
+
+
+#: The z-scoring modules that come first: of nflows' inputs and of the context (sbi's ``Standardize``).
+_Z_SCORING = (PointwiseAffineTransform, Standardize)
+
+
+def _z_scored(module: nn.Module, x: Tensor, dtype: torch.dtype, *args):
+    """``module(x, *args)``: a z-scoring module (:data:`_Z_SCORING`) computes in ``x``'s precision where it is
+    wider than the flow's ``dtype`` (float64 counts beyond 2^24 keep their last digits until they are centred
+    and scaled; the caller converts the result), any other module on ``x`` in ``dtype``."""
+    wide = x.dtype.itemsize > dtype.itemsize and isinstance(module, _Z_SCORING)
+    return module(x if wide else x.to(dtype), *args)
 
 
 def _nflows(config: FlowSettings, inputs: Tensor, context: Tensor) -> nn.Module:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -19,12 +21,76 @@ def as_float(s: Tensor) -> Tensor:
     return s if s.is_floating_point() else s.to(torch.get_default_dtype())
 
 
+#: Integers above this lose their last digits in float32 (its 24-bit significand): 16 777 216.
+FLOAT32_EXACT = 2**24
+#: float64 holds every integer up to 2^53 exactly.
+FLOAT64_EXACT = 2**53
+
+
+def check_exact_integers(name: str, x: Tensor) -> None:
+    """Raise ``ValueError`` naming ``name`` where a floating ``x`` is too narrow to have held its integers exactly:
+    float32 (or narrower) values beyond 2^24, or any values beyond 2^53."""
+    if not x.is_floating_point() or x.numel() == 0:
+        return
+    limit = FLOAT64_EXACT if x.dtype == torch.float64 else FLOAT32_EXACT
+    largest = float(x.abs().nan_to_num(0.0, 0.0, 0.0).max())
+    if largest > limit:
+        raise ValueError(
+            f"{name}: {largest:.0f} in {x.dtype}, which holds integers exactly only up to {limit} "
+            f"(2^{limit.bit_length() - 1}): the value may already be rounded; pass counts as int64 or float64 "
+            f"(at most 2^53)"
+        )
+
+
+#: The largest noise scale (Laplace ``b``, Gaussian ``sigma``, discrete scales) a mechanism accepts: noise this
+#: wide drowns any statistic, and its releases' squares overflow float32 (3.4e38) where flows z-score them.
+MAX_SCALE = 1e15
+
+
+def check_number(name: str, value) -> float:
+    """``value`` as a float, or a ``TypeError`` naming ``name`` unless it is a real number (a Python or numpy
+    number, or a one-element tensor; not a string or a bool)."""
+    if torch.is_tensor(value) and value.numel() == 1 and not value.dtype == torch.bool:
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
 def check_positive(name: str, value: float) -> float:
-    """Raise a ``ValueError`` naming ``name`` unless ``value`` is a finite positive number."""
-    value = float(value)
+    """Raise a ``ValueError`` naming ``name`` unless ``value`` is a finite positive number (a ``TypeError``
+    unless it is a number at all, :func:`check_number`)."""
+    value = check_number(name, value)
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
     return value
+
+
+def check_integer(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int, or an error naming ``name`` unless it is a whole number ``>= minimum`` (``2.0`` is
+    taken, ``2.7`` and ``"2"`` are not)."""
+    number = check_number(name, value)
+    if not math.isfinite(number) or number != math.floor(number) or number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(number)
+
+
+def check_scale(
+    name: str,
+    scale: float,
+    source: str = "",
+    limit: float = MAX_SCALE,
+    why: str = "noise that wide drowns any statistic and overflows float32",
+) -> float:
+    """Raise a ``ValueError`` unless the noise ``scale`` is a number in ``(0, limit]``; ``source`` names what it
+    was calibrated from (e.g. ``"epsilon=1e-40, sensitivity=1"``), which is what to change."""
+    if not 0 < scale <= limit:
+        origin = f" (from {source})" if source else ""
+        raise ValueError(
+            f"noise {name}={scale:g}{origin} lies outside (0, {limit:g}]: {why}; use a larger epsilon (or a "
+            "smaller scale)"
+        )
+    return scale
 
 
 class IntractableLikelihood(ValueError):
@@ -46,13 +112,11 @@ class Mechanism(abc.ABC):
     lattice: float | None = None
 
     def __init__(self, dim: int, epsilon: float, delta: float = 0.0) -> None:
-        if int(dim) < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim}")
-        self.dim = int(dim)
+        self.dim = check_integer("dim", dim)
         self.epsilon = check_positive("epsilon", epsilon)
-        if not 0.0 <= delta < 1.0:
+        self.delta = check_number("delta", delta)
+        if not 0.0 <= self.delta < 1.0:
             raise ValueError(f"delta must lie in [0, 1), got {delta}")
-        self.delta = float(delta)
 
     @property
     def input_dim(self) -> int:
@@ -64,6 +128,17 @@ class Mechanism(abc.ABC):
     def noise_dim(self) -> int:
         """Number of uniforms that ``G`` consumes per release."""
         return self.dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype its statistics and releases are held and computed in: torch's default here;
+        float64 for mechanisms on integer counts, which float32 holds exactly only up to 2^24."""
+        return torch.get_default_dtype()
+
+    def as_values(self, x: Tensor) -> Tensor:
+        """Statistics or releases ``x`` (any numeric tensor) as the floating tensor this mechanism computes in:
+        :attr:`dtype` when it is float64, else ``x``'s own floating dtype (integers become torch's default)."""
+        return x.to(torch.float64) if self.dtype == torch.float64 else as_float(x)
 
     @abc.abstractmethod
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
@@ -118,9 +193,10 @@ class Mechanism(abc.ABC):
         (:meth:`check_input`) and fresh uniforms come from ``generator``.
         """
         self._check_last_dim("s", s, self.input_dim)
-        s = as_float(s)
         if u is None:
             self.check_input(s)
+        s = self.as_values(s)
+        if u is None:
             u = torch.rand(
                 s.shape[:-1] + (self.noise_dim,), generator=generator, device=s.device, dtype=s.dtype
             )
@@ -130,8 +206,13 @@ class Mechanism(abc.ABC):
         return self.transform(s, open_unit(u))
 
     def validate_release(self, y: Tensor) -> Tensor:
-        """Return ``y`` as a ``(n, dim)`` float tensor, or raise ``ValueError`` naming the problem."""
-        y = torch.as_tensor(y, dtype=torch.get_default_dtype()) if not torch.is_tensor(y) else as_float(y)
+        """Return ``y`` as a ``(n, dim)`` float tensor (:meth:`as_values`), or raise ``ValueError`` naming the
+        problem."""
+        if not torch.is_tensor(y):  # through float64, which keeps integers up to 2^53
+            y = torch.as_tensor(y, dtype=torch.float64).to(self.dtype)
+        if self.dtype == torch.float64:
+            check_exact_integers("release", y)
+        y = self.as_values(y)
         if y.ndim == 1:
             y = y.unsqueeze(0)
         if y.ndim != 2 or y.shape[-1] != self.dim:
@@ -173,17 +254,21 @@ class AdditiveNoise:
         """Elementwise ``log P(n_i <= x)``."""
         raise NotImplementedError
 
+    def noise_of(self, y: Tensor, s: Tensor) -> Tensor:
+        """``y - s`` computed in the mechanism's dtype (:meth:`Mechanism.as_values`: float64 for counts)."""
+        return self.as_values(y) - self.as_values(s)
+
     def coordinate_log_prob(self, y: Tensor, s: Tensor) -> Tensor:
         """Elementwise ``log eta_i(y_i | s_i)``, shape ``broadcast(y, s)``."""
-        return self.noise_log_prob(y - s)
+        return self.noise_log_prob(self.noise_of(y, s))
 
     def coordinate_log_cdf(self, y: Tensor, s: Tensor) -> Tensor:
         """Elementwise ``log P(Y_i <= y_i | s_i)``."""
-        return self.noise_log_cdf(y - s)
+        return self.noise_log_cdf(self.noise_of(y, s))
 
     def coordinate_log_sf(self, y: Tensor, s: Tensor) -> Tensor:
         """Elementwise ``log P(Y_i > y_i | s_i)``, from the lower tail by symmetry (no cancellation)."""
-        x = y - s
+        x = self.noise_of(y, s)
         return self.noise_log_cdf(-x if self.lattice is None else -torch.floor(x) - 1)
 
     def coordinate_max_log_prob(self, y: Tensor) -> Tensor:

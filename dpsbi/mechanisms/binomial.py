@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import Mechanism, as_float, check_positive
+from .base import Mechanism, as_float, check_integer, check_positive
 from .epsilon import batched_copy, epsilons
 
 #: Tail mass left out of the quantile window, far below float64 resolution.
@@ -101,9 +101,10 @@ class BinomialCurve(Mechanism):
     ) -> None:
         if (epsilon is None) == (pseudo_count is None):
             raise ValueError("give exactly one of epsilon and pseudo_count")
-        self.trials, self.population = int(trials), int(population)
-        if self.trials < 1 or self.population < 1:
-            raise ValueError(f"trials and population must be >= 1, got {trials}, {population}")
+        self.trials, self.population = (
+            check_integer("trials", trials),
+            check_integer("population", population),
+        )
         if pseudo_count is None:
             pseudo_count = dim * self.trials / check_positive("epsilon", epsilon)
         self.pseudo_count = check_positive("pseudo_count", pseudo_count)

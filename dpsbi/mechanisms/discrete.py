@@ -24,10 +24,12 @@ from scipy.optimize import brentq, minimize_scalar
 from scipy.special import logsumexp
 from torch import Tensor
 
-from .base import AdditiveNoise, Mechanism, check_positive
+from .base import AdditiveNoise, Mechanism, check_exact_integers, check_integer, check_positive, check_scale
 from .epsilon import batched_copy, epsilons
 from .gaussian import analytic_sigma
 
+#: The largest discrete Gaussian sigma: its inverse-CDF table covers ``|k| <= 10 sigma + 2`` (2e7 entries here).
+MAX_SIGMA = 1e6
 #: Elements x terms evaluated at once by the exact far-tail sums of :meth:`DiscreteGaussian.noise_log_cdf`.
 _CHUNK = 1 << 22
 
@@ -43,6 +45,10 @@ def _check_sensitivity(sensitivity: float, integer: bool) -> float:
     return sensitivity
 
 
+def _check_sigma(sigma: float, source: str) -> float:
+    return check_scale("sigma", sigma, source, MAX_SIGMA, "the noise table would cover |k| <= 10 sigma + 2")
+
+
 def _check_delta(delta: float) -> float:
     delta = float(delta)
     if not 0 < delta < 1:
@@ -51,9 +57,15 @@ def _check_delta(delta: float) -> float:
 
 
 class IntegerInput:
-    """For mechanisms that add integer noise: the statistics they take must be integers."""
+    """For mechanisms that add integer noise: the statistics they take must be integers, held exactly (float32
+    holds them only up to 2^24, so statistics and releases are float64, exact to 2^53)."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64
 
     def check_input(self, s: Tensor) -> None:
+        check_exact_integers("s", s)
         if s.is_floating_point() and bool((s != torch.round(s)).any()):
             bad = s[s != torch.round(s)][0].item()
             raise ValueError(
@@ -180,7 +192,13 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
     def __init__(self, epsilon: float, sensitivity: float, dim: int = 1) -> None:
         super().__init__(dim, epsilon)
         self.sensitivity = _check_sensitivity(sensitivity, integer=False)
-        self._set_scale(self.sensitivity / self.epsilon)
+        self._set_scale(
+            check_scale(
+                "scale",
+                self.sensitivity / self.epsilon,
+                f"epsilon={self.epsilon:g}, sensitivity={self.sensitivity:g}",
+            )
+        )
 
     def _set_scale(self, scale: float) -> None:
         self.scale = scale
@@ -190,7 +208,7 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
     @classmethod
     def from_scale(cls, scale: float, sensitivity: float, dim: int = 1) -> DiscreteLaplace:
         """The mechanism with scale ``t = scale`` exactly; its ``epsilon`` is ``sensitivity / scale``."""
-        scale = check_positive("scale", scale)
+        scale = check_scale("scale", check_positive("scale", scale))
         mech = cls(_check_sensitivity(sensitivity, integer=False) / scale, sensitivity, dim)
         mech._set_scale(scale)
         return mech
@@ -228,7 +246,7 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
         return torch.where(k < 0, below, above)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
-        return self.noise_log_prob(y - s).sum(-1)
+        return self.coordinate_log_prob(y, s).sum(-1)
 
     def max_log_prob(self, y: Tensor) -> Tensor:
         return torch.full(y.shape[:-1], self.dim * self._log_p0, dtype=y.dtype, device=y.device)
@@ -274,9 +292,8 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
             raise ValueError(
                 f"DiscreteGaussian takes exactly one of epsilon (with delta), rho and sigma, got {given or 'none'}"
             )
-        if int(dim) < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim}")
-        self.sensitivity = _check_sensitivity(sensitivity, integer=int(dim) == 1)
+        dim = check_integer("dim", dim)
+        self.sensitivity = _check_sensitivity(sensitivity, integer=dim == 1)
         if epsilon is not None:
             if delta is None:
                 raise ValueError("DiscreteGaussian(epsilon=...) needs delta (0 < delta < 1)")
@@ -286,6 +303,7 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
             else:
                 sigma = self.sensitivity / math.sqrt(2 * zcdp_rho(epsilon, delta))
             self.sigma, self.rho = sigma, self.sensitivity**2 / (2 * sigma**2)
+            _check_sigma(sigma, f"epsilon={epsilon:g}, delta={delta:g}")
         else:
             delta = _check_delta(1e-6 if delta is None else delta)
             if rho is not None:
@@ -294,7 +312,8 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
             else:
                 self.sigma = check_positive("sigma", sigma)
                 self.rho = self.sensitivity**2 / (2 * self.sigma**2)
-            if int(dim) == 1:
+            _check_sigma(self.sigma, f"rho={self.rho:g}, sensitivity={self.sensitivity:g}")
+            if dim == 1:
                 epsilon = discrete_gaussian_epsilon(delta, self.sigma, int(self.sensitivity))
             else:
                 epsilon = zcdp_epsilon(self.rho, delta)
@@ -377,7 +396,7 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
         return out
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
-        return self.noise_log_prob(y - s).sum(-1)
+        return self.coordinate_log_prob(y, s).sum(-1)
 
     def max_log_prob(self, y: Tensor) -> Tensor:
         return torch.full(y.shape[:-1], -self.dim * self.log_normalizer, dtype=y.dtype, device=y.device)

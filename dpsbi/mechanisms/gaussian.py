@@ -9,7 +9,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from torch import Tensor
 
-from .base import AdditiveNoise, Mechanism, check_positive
+from .base import AdditiveNoise, Mechanism, check_positive, check_scale
 from .epsilon import batched_copy, epsilons
 
 
@@ -77,9 +77,21 @@ def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
     return mu
 
 
+#: The range of ``mu = sensitivity / sigma`` the analytic calibration searches.
+MU_RANGE = (1e-8, 1e4)
+
+
 def analytic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
-    """Smallest sigma whose Gaussian mechanism is exactly (epsilon, delta)-DP."""
-    mu = brentq(lambda m: analytic_delta(m, epsilon) - delta, 1e-8, 1e4, xtol=1e-14)
+    """Smallest sigma whose Gaussian mechanism is exactly (epsilon, delta)-DP; a ``ValueError`` naming the
+    range when ``epsilon`` needs a ``mu = sensitivity / sigma`` outside :data:`MU_RANGE`."""
+    low, high = (analytic_delta(m, epsilon) - delta for m in MU_RANGE)
+    if not low < 0 < high:  # delta(mu) grows with mu: the root must lie inside the range
+        raise ValueError(
+            f"epsilon={epsilon:g} at delta={delta:g} needs a noise sigma outside [sensitivity/{MU_RANGE[1]:g}, "
+            f"sensitivity*{1 / MU_RANGE[0]:g}], the range the analytic Gaussian calibration covers; choose an "
+            "epsilon nearer 1 (at most 1e7), or give the noise directly (Gaussian.from_sigma)"
+        )
+    mu = brentq(lambda m: analytic_delta(m, epsilon) - delta, *MU_RANGE, xtol=1e-14)
     return sensitivity / mu
 
 
@@ -110,7 +122,11 @@ class Gaussian(AdditiveNoise, Mechanism):
         if calibration not in calibrators:
             raise ValueError(f"unknown calibration {calibration!r}; choose one of {sorted(calibrators)}")
         self._calibration = calibration  # private: not part of a task's identity (saved files predate it)
-        self.sigma = calibrators[calibration](self.epsilon, self.delta, self.sensitivity)
+        self.sigma = check_scale(
+            "sigma",
+            calibrators[calibration](self.epsilon, self.delta, self.sensitivity),
+            f"epsilon={self.epsilon:g}, delta={self.delta:g}, sensitivity={self.sensitivity:g}",
+        )
         self.mu = self.sensitivity / self.sigma
 
     @classmethod

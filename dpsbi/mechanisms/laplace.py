@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import AdditiveNoise, Mechanism, check_positive
+from .base import AdditiveNoise, Mechanism, check_positive, check_scale
 from .epsilon import batched_copy, epsilons
 
 
@@ -24,12 +24,16 @@ class Laplace(AdditiveNoise, Mechanism):
     def __init__(self, epsilon: float, sensitivity: float, dim: int = 1) -> None:
         super().__init__(dim, epsilon)
         self.sensitivity = check_positive("sensitivity", sensitivity)
-        self.scale = self.sensitivity / self.epsilon
+        self.scale = check_scale(
+            "scale",
+            self.sensitivity / self.epsilon,
+            f"epsilon={self.epsilon:g}, sensitivity={self.sensitivity:g}",
+        )
 
     @classmethod
     def from_scale(cls, scale: float, sensitivity: float, dim: int = 1) -> Laplace:
         """The mechanism with noise scale ``b = scale`` exactly; its ``epsilon`` is ``sensitivity / scale``."""
-        scale = check_positive("scale", scale)
+        scale = check_scale("scale", check_positive("scale", scale))
         mech = cls(check_positive("sensitivity", sensitivity) / scale, sensitivity, dim)
         mech.scale = scale
         return mech

@@ -332,6 +332,10 @@ class PostProcessed(Mechanism):
         self.inner.check_input(s)
 
     @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.dtype
+
+    @property
     def noise_dim(self) -> int:
         return self.inner.noise_dim
 

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import Mechanism, check_positive
+from .base import Mechanism, check_integer, check_positive
 from .laplace import Laplace
 
 STATISTICS = ("median", "max")
@@ -88,10 +88,8 @@ class SmoothSensitivityLaplace(Mechanism):
             raise ValueError(f"smooth sensitivity needs 0 < delta < 1, got {delta}")
         if statistic not in STATISTICS:
             raise ValueError(f"unknown statistic {statistic!r}; choose one of {STATISTICS}")
-        if int(n) < 1:
-            raise ValueError(f"n must be a positive integer, got {n}")
         self.upper = check_positive("upper", upper)
-        self.n, self.statistic = int(n), statistic
+        self.n, self.statistic = check_integer("n", n), statistic
         self.alpha = self.epsilon / 2
         self.beta = self.epsilon / (2 * math.log(2 / self.delta))
         self._unit = Laplace(1.0, 1.0)

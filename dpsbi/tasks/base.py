@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.distributions import Distribution, Transform, identity_transform
 
 from ..mechanisms import Mechanism
+from ..mechanisms.base import check_exact_integers
 
 Simulator = Callable[[Tensor, "torch.Generator | None"], Tensor]
 
@@ -54,8 +55,8 @@ class Task:
             self.parameter_names = [f"theta_{i + 1}" for i in range(self.dim_theta)]
         self.parameter_names = list(self.parameter_names)
         self.validate()
-        if self.y_obs is not None:
-            self.y_obs = self.check_release(self.y_obs)
+        if self.y_obs is not None:  # held in the mechanism's dtype (float64 for counts)
+            self.y_obs = self.check_release(self.y_obs).to(self.mechanism.dtype)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the problem if the prior, the mechanism, ``y_obs`` or ``true_theta``
@@ -124,9 +125,15 @@ class Task:
 
     def check_summary(self, theta: Tensor, s, source: str = "summaries") -> Tensor:
         """Confidential summaries ``s`` of parameters ``theta (n, dim_theta)`` (any numeric tensor or numpy
-        array) as ``(n, mechanism.input_dim)`` in torch's default float dtype, or an error naming ``source``
-        and the problem (shape, NaN/inf)."""
+        array) as ``(n, mechanism.input_dim)`` in the mechanism's dtype (torch's default; float64 for counts), or
+        an error naming ``source`` and the problem (shape, NaN/inf, counts too large for their dtype)."""
         s = as_summary(s, theta.device)
+        if self.mechanism.dtype == torch.float64:
+            try:
+                check_exact_integers(f"task {self.name!r}: {source}", s)
+            except ValueError as error:
+                raise RuntimeError(str(error)) from None
+        s = s.to(self.mechanism.dtype)
         expected = (theta.shape[0], self.mechanism.input_dim)
         if s.shape != expected:
             raise RuntimeError(f"task {self.name!r}: {source} shape {tuple(s.shape)}, expected {expected}")
@@ -175,7 +182,7 @@ class Task:
         """Return a release (tensor, array, sequence or number) as ``(n, dim_s)``, or raise ``ValueError`` (not
         numbers, wrong shape, NaN/inf, outside the mechanism's support). A number is a release of a
         one-dimensional mechanism (``(1, 1)``)."""
-        y = release_tensor(y, self.dim_s, f"task {self.name!r}: release")
+        y = release_tensor(y, self.dim_s, f"task {self.name!r}: release", self.mechanism.dtype)
         if self.release_from_mechanism:
             return self.mechanism.validate_release(y)
         y = y.unsqueeze(0) if y.ndim == 1 else y
@@ -204,15 +211,17 @@ class Task:
         )
 
 
-def release_tensor(y, dim: int, what: str = "release") -> Tensor:
+def release_tensor(y, dim: int, what: str = "release", dtype: torch.dtype | None = None) -> Tensor:
     """``y`` (tensor, array, sequence or number) as a floating tensor, a number as ``(1, 1)`` when ``dim`` is 1;
     ``ValueError`` starting with ``what`` for a number when ``dim > 1``, for values that are not numbers and
-    for NaN/inf (naming the first position)."""
+    for NaN/inf (naming the first position). Numbers and integer tensors become ``dtype`` (default: torch's
+    default), read through float64 so that counts up to 2^53 stay exact where ``dtype`` is float64."""
+    dtype = dtype or torch.get_default_dtype()
     try:
-        y = y if torch.is_tensor(y) else torch.as_tensor(y, dtype=torch.get_default_dtype())
+        y = y if torch.is_tensor(y) else torch.as_tensor(y, dtype=torch.float64).to(dtype)
     except (TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"{what} must be numbers, got {y!r} ({error})") from None
-    y = y if y.is_floating_point() else y.to(torch.get_default_dtype())
+    y = y if y.is_floating_point() else y.to(dtype)
     if y.ndim == 0:
         if dim != 1:
             raise ValueError(f"{what} must have shape ({dim},) or (n, {dim}), got a scalar ({float(y):g})")
@@ -228,11 +237,13 @@ def release_tensor(y, dim: int, what: str = "release") -> Tensor:
 
 
 def as_summary(s, device: torch.device) -> Tensor:
-    """A simulator's output (torch tensor or numpy array, any numeric dtype) as a tensor of torch's default
-    float dtype on ``device``."""
+    """A simulator's output (torch tensor or numpy array, any numeric dtype) as a floating tensor on ``device``
+    that holds it exactly: float64 for float64 and integer output (counts stay exact up to 2^53), else torch's
+    default float dtype (:meth:`Task.check_summary` then converts it to the mechanism's dtype)."""
     if not torch.is_tensor(s):
         s = torch.from_numpy(np.asarray(s))
-    return s.to(device=device, dtype=torch.get_default_dtype())
+    exact = s.dtype == torch.float64 or not (s.is_floating_point() or s.dtype == torch.bool)
+    return s.to(device=device, dtype=torch.float64 if exact else torch.get_default_dtype())
 
 
 def observed_release(
@@ -252,11 +263,13 @@ def observed_release(
         if y_obs != "simulate":
             raise ValueError(f"task {name!r}: y_obs must be a release, None or 'simulate', got {y_obs!r}")
         return simulate(torch.Generator().manual_seed(seed))
-    if y_obs is not None:
-        return torch.as_tensor(y_obs, dtype=torch.get_default_dtype()).reshape(1, -1)
+    if (
+        y_obs is not None
+    ):  # kept in float64 (counts exact up to 2^53); the task holds it in its mechanism's dtype
+        return release_tensor(y_obs, -1, f"task {name!r}: y_obs", torch.float64).reshape(1, -1)
     for eps, values in stored.items():
         if abs(eps - epsilon) <= 1e-9 * max(1.0, eps):
-            return torch.tensor([values], dtype=torch.get_default_dtype())
+            return torch.tensor([values], dtype=torch.float64)
     known = ", ".join(f"{e:g}" for e in stored) or "none"
     raise ValueError(
         f"task {name!r} has no stored release at epsilon={epsilon:g} (stored: {known}); "

@@ -62,6 +62,9 @@ RHO_2020 = float(Fraction(542, 339) ** 2 * Fraction(1256, 4099) * Fraction(1288,
 PARAMETER_NAMES = ["age_slope", "age_curvature", "male_log_odds"]
 TRUE_THETA = [-0.5, -1.0, -0.05]
 PRIOR_SD = [1.0, 1.0, 0.5]
+#: The largest table ``C (N + 1)`` of ``log q(y_i | k)`` the exact likelihood tabulates (800 MB of float64): past
+#: it (a state's population) the task carries no ``exact_log_likelihood`` and references are simulated.
+MAX_LIKELIHOOD_TABLE = 10**8
 #: Each factor f_i of the convolution is trimmed where it is below e^-CUT of its peak (e^-50 = 2e-22).
 CUT = 50.0
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(8)
@@ -106,14 +109,20 @@ def cell_log_probs(theta: Tensor, edges: np.ndarray) -> Tensor:
 
 
 def _simulator(population: int, edges: np.ndarray):
-    """``s ~ Multinomial(population, p(theta))`` per row, as floats ``(n, 2 G)``."""
+    """``s ~ Multinomial(population, p(theta))`` per row, as float64 counts ``(n, 2 G)`` (exact up to 2^53): cell by
+    cell, ``s_i ~ Binomial(people left, p_i / sum_{j >= i} p_j)``, all rows at once, so a state's or the nation's
+    population costs what a small area's does."""
 
     def simulate(theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         probs = cell_log_probs(theta.double(), edges).exp()
-        people = torch.multinomial(probs, population, replacement=True, generator=generator)
-        counts = torch.zeros(probs.shape, dtype=torch.float64, device=theta.device)
-        counts.scatter_add_(1, people, torch.ones_like(people, dtype=torch.float64))
-        return counts.to(theta.dtype)
+        tail = probs.flip(-1).cumsum(-1).flip(-1)  # sum_{j >= i} p_j
+        share = (probs / tail).clamp(0.0, 1.0)
+        left = torch.full(probs.shape[:1], float(population), dtype=torch.float64, device=theta.device)
+        counts = []
+        for cell in range(probs.shape[1] - 1):
+            counts.append(torch.binomial(left, share[:, cell], generator=generator))
+            left = left - counts[-1]
+        return torch.stack([*counts, left], -1)
 
     return simulate
 
@@ -245,8 +254,9 @@ def _release(population: int, edges: np.ndarray, mechanism, theta: list[float], 
     probs = cell_log_probs(torch.tensor([theta], dtype=torch.float64), edges).exp()[0].numpy()
     s = rng.multinomial(population, probs / probs.sum()).astype(np.float64)
     u = rng.random_sample(s.shape[0])
-    y = mechanism.sample(torch.from_numpy(s)[None], torch.from_numpy(u)[None])
-    return y.to(torch.get_default_dtype())
+    return mechanism.sample(
+        torch.from_numpy(s)[None], torch.from_numpy(u)[None]
+    )  # float64: counts stay exact
 
 
 @register("census_table")
@@ -266,7 +276,9 @@ def make(
     production block-group table level, 0.2461: sigma = 2.016; or calibrated from ``epsilon`` at ``delta``)
     clamped at 0; the total is public. ``y_obs=None``: the release drawn from the true theta with ``seed``
     (numpy's frozen legacy stream); ``"simulate"``: drawn with torch's generator; or your own release.
-    ``task.exact_log_likelihood(theta, y)`` is the exact likelihood (:class:`CensusLikelihood`)."""
+    ``task.exact_log_likelihood(theta, y)`` is the exact likelihood (:class:`CensusLikelihood`), where its table
+    of ``cells (population + 1)`` values fits :data:`MAX_LIKELIHOOD_TABLE` (absent beyond: a state's population).
+    Counts, summaries and releases are float64, exact at any population up to 2^53."""
     if epsilon is not None and rho is not None:
         raise ValueError("census_table takes epsilon (with delta) or rho, not both")
     if int(population) != population or population < 1:
@@ -321,7 +333,6 @@ def make(
             likelihoods[key] = CensusLikelihood(population, edges, mechanism, y)
         return likelihoods[key](theta)
 
-    task.exact_log_likelihood = (
-        exact_log_likelihood  # read by dpsbi.experiment.reference (method "likelihood")
-    )
+    if cells * (population + 1) <= MAX_LIKELIHOOD_TABLE:  # read by dpsbi.experiment.reference ("likelihood")
+        task.exact_log_likelihood = exact_log_likelihood
     return task

@@ -53,6 +53,7 @@ from torch import Tensor
 from torch.distributions import Distribution, Independent, Normal, Transform, Uniform, biject_to
 
 from ..mechanisms import Mechanism
+from ..mechanisms.base import check_exact_integers
 from . import register
 from .base import Task, as_summary
 
@@ -411,8 +412,9 @@ def _prior_problems(prior) -> list[str]:
 
 
 def _release(y_obs, mechanism: Mechanism) -> tuple[Tensor | None, str | None]:
-    """``y_obs`` as a ``(1, dim_s)`` tensor, or the problem with it (length, NaN/inf, outside the support)."""
-    y, problem = _numbers(y_obs, "y_obs")
+    """``y_obs`` as a ``(1, dim_s)`` tensor in the mechanism's dtype, or the problem with it (length, NaN/inf,
+    outside the support, counts beyond what its dtype holds exactly)."""
+    y, problem = _numbers(y_obs, "y_obs", mechanism.dtype)
     if problem:
         return None, problem
     y = y.reshape(1, -1) if y.ndim == 1 or (y.ndim == 0 and mechanism.dim == 1) else y
@@ -437,10 +439,16 @@ def _release(y_obs, mechanism: Mechanism) -> tuple[Tensor | None, str | None]:
     return y, None
 
 
-def _numbers(value, what: str) -> tuple[Tensor | None, str | None]:
-    """``value`` (tensor, array, sequence) as a tensor of torch's default float dtype, or the problem."""
+def _numbers(value, what: str, dtype: torch.dtype | None = None) -> tuple[Tensor | None, str | None]:
+    """``value`` (tensor, array, sequence) as a tensor of ``dtype`` (default: torch's default float dtype), read
+    through float64 so that counts stay exact up to 2^53 where ``dtype`` is float64; or the problem."""
+    if dtype == torch.float64 and torch.is_tensor(value):
+        try:
+            check_exact_integers(what, value)
+        except ValueError as error:
+            return None, str(error)
     try:
-        return torch.as_tensor(value, dtype=torch.get_default_dtype()), None
+        return torch.as_tensor(value, dtype=torch.float64).to(dtype or torch.get_default_dtype()), None
     except (TypeError, ValueError, RuntimeError) as error:
         return None, f"{what} must be numbers, got {value!r} ({error})"
 
