@@ -93,6 +93,27 @@ def test_atom_indices_put_the_row_first_and_draw_distinct_others():
         atom_indices(5, 6)
 
 
+def test_atom_indices_draw_every_subset_of_other_rows_equally_often():
+    """Batch 5, 3 atoms: each row's 2 others are one of C(4, 2) = 6 subsets; over 20 000 draws of the 5 rows
+    every (row, subset) count is within 5 sd of its binomial mean, and a chi-square over all 30 cells is below
+    its 0.9999 quantile."""
+    from itertools import combinations
+
+    from scipy import stats
+
+    draws = torch.cat([atom_indices(5, 3, torch.Generator().manual_seed(s)) for s in range(4000)])
+    counts = {}
+    for row in draws.tolist():
+        key = (row[0], tuple(sorted(row[1:])))
+        counts[key] = counts.get(key, 0) + 1
+    cells = [(i, c) for i in range(5) for c in combinations([j for j in range(5) if j != i], 2)]
+    assert set(counts) == set(cells)
+    observed = np.array([counts[c] for c in cells])
+    expected, sd = 4000 / 6, math.sqrt(4000 * (1 / 6) * (5 / 6))
+    assert np.abs(observed - expected).max() < 5 * sd
+    assert ((observed - expected) ** 2 / expected).sum() < stats.chi2.ppf(0.9999, len(cells) - 5)
+
+
 def test_atomic_loss_is_log_atoms_for_the_prior_and_lower_for_the_true_posterior():
     """With q = prior every atom is equally likely: the loss is exactly log A. The exact posterior of a
     conjugate Gaussian model must beat that by a clear margin."""

@@ -90,16 +90,20 @@ def noise_uniforms(
 
 def atom_indices(batch: int, atoms: int, generator: torch.Generator | None = None, device=None) -> Tensor:
     """``(batch, atoms)`` row indices: row ``i`` itself, then ``atoms - 1`` distinct other rows drawn uniformly
-    (the batch is a uniform draw from all simulations so far, so the atoms are too). The other rows are those of
-    the ``atoms - 1`` smallest of i.i.d. uniform keys, row ``i``'s own key set above them all: a uniform subset,
-    drawn without a host synchronization (``torch.multinomial`` without replacement reads its input on the host)."""
+    (the batch is a uniform draw from all simulations so far, so the atoms are too). Robert Floyd's algorithm,
+    vectorized over rows: ``O(batch x atoms^2)`` work and memory, and no host synchronization
+    (``torch.multinomial`` without replacement reads its input on the host)."""
     if not 1 <= atoms <= batch:
         raise ValueError(f"atoms must lie in [1, batch size = {batch}], got {atoms}")
     own = torch.arange(batch, device=device).unsqueeze(-1)
-    if atoms == 1:
-        return own
-    keys = torch.rand(batch, batch, generator=generator, device=device) + 2 * torch.eye(batch, device=device)
-    return torch.cat([own, keys.topk(atoms - 1, dim=-1, largest=False).indices], dim=-1)
+    others = torch.empty(batch, 0, dtype=torch.long, device=device)  # offsets in [0, batch - 2], distinct
+    for j in range(batch - atoms, batch - 1):  # Floyd: a uniform (atoms - 1)-subset of range(batch - 1)
+        pick = (
+            torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64) * (j + 1)
+        ).long()
+        taken = (others == pick).any(-1, keepdim=True)
+        others = torch.cat([others, torch.where(taken, j, pick)], -1)
+    return torch.cat([own, (own + 1 + others) % batch], dim=-1)
 
 
 def posterior_loss(

@@ -134,8 +134,9 @@ class SplineFlow(nn.Module):
         self.layers = nn.ModuleList(layers)
 
     def log_prob(self, x: Tensor, features: Tensor) -> Tensor:
-        """``log q(x | h)`` of shape ``(n,)``."""
-        z = (x - self.mean) / self.std
+        """``log q(x | h)`` of shape ``(n,)``; ``x`` wider than the weights (float64 counts beyond 2^24) is
+        z-scored in its own precision, then converted."""
+        z = ((x - self.mean.to(x.dtype)) / self.std.to(x.dtype)).to(self.std.dtype)
         total = -torch.log(self.std).sum().expand(x.shape[0])
         for layer in self.layers:
             z, ladj = layer(z, features)

@@ -23,10 +23,17 @@ from .base import Mechanism
 
 
 def epsilons(epsilon) -> Tensor:
-    """``epsilon`` as a floating tensor of finite positive values, or a ``ValueError``."""
+    """``epsilon`` as a floating tensor of finite positive values, or a ``ValueError``. The values are read on
+    the host only for a tensor on the CPU outside ``torch.compile``: a training step re-calibrates the mechanism
+    at its rows' epsilons on the device without waiting for it (those were drawn inside the estimator's range;
+    a posterior checks the epsilons it is given against its own range first)."""
     eps = torch.as_tensor(epsilon)
     eps = eps if eps.is_floating_point() else eps.to(torch.get_default_dtype())
-    if eps.numel() == 0 or not bool((torch.isfinite(eps) & (eps > 0)).all()):
+    if eps.numel() == 0:
+        raise ValueError("epsilon must hold finite numbers > 0, got none")
+    if eps.device.type != "cpu" or torch.compiler.is_compiling():
+        return eps
+    if not bool((torch.isfinite(eps) & (eps > 0)).all()):
         raise ValueError(f"epsilon must hold finite numbers > 0, got {eps.flatten()[:5].tolist()}")
     return eps
 

@@ -1,0 +1,126 @@
+"""The training step as a fit runs it (``_Round.step``: draws, loss, backward, clipping, Adam, schedule), timed
+on each device and flow backend at three sizes, with its device-to-host synchronizations counted on CUDA:
+``python scripts/bench_step.py [--devices cpu cuda] [--backends dpsbi nflows] [--json out.jsonl]``.
+
+SPPE's atomic step on regression at epsilon 1 (batch ``B``, ``M = 1`` release, 10 atoms: ``10 B`` flow
+evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluations); eager, and compiled
+(``torch.compile``, CUDA only by default) with its compile time. Each row: the median over ``--repeats`` timed
+steps after ``--warmup`` steps (CUDA synchronized around each), written to ``--json`` as it is measured. CPU
+rows use one torch thread (the fits' default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+import dpsbi
+from dpsbi.inference.training import TrainingSettings, _Round, batches
+
+SIZES = (100, 1000, 10000)
+
+
+def _estimator(backend: str, batch: int) -> dpsbi.SPPE:
+    """SPPE on regression at epsilon 1 with ``2 batch`` stored simulations and a flow built on them (one tiny
+    round on the CPU), ready for its atomic loss."""
+    task = dpsbi.tasks.load("regression", epsilon=1.0)
+    estimator = dpsbi.SPPE(
+        task,
+        rounds=1,
+        sims_per_round=max(2 * batch, 200),
+        flow=dict(backend=backend),
+        training=dict(max_steps=1, accelerator="cpu"),
+        progress=False,
+    )
+    estimator.run()
+    return estimator
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(backend: str, device: str, batch: int, compiled: bool, warmup: int, repeats: int) -> dict:
+    """One row: ms per step (median and min), steps timed, compile seconds, synchronizations per step."""
+    device = torch.device(device)
+    estimator = _estimator(backend, batch)
+    flow = estimator.flow.to(device)
+    data = tuple(t.to(device) for t in estimator._dataset(False))
+    settings = TrainingSettings(batch_size=batch, accelerator=device.type, compile=compiled, max_steps=10_000)
+    state = _Round(flow, estimator.loss(1), settings, seed=0, steps=10_000)
+    rows = next(batches(torch.arange(data[0].shape[0], device=device), batch))
+    start = time.perf_counter()
+    state.step(data, rows)  # the first step compiles, when compiling, and builds Adam's state
+    _sync(device)
+    first = time.perf_counter() - start
+    for _ in range(warmup):
+        state.step(data, rows)
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state.step(data, rows)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    syncs = None
+    if device.type == "cuda":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                state.step(data, rows)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+    return {
+        "backend": backend,
+        "device": device.type,
+        "batch": batch,
+        "flow_evaluations": batch * 10,
+        "compiled": compiled,
+        "ms_median": 1000 * statistics.median(times),
+        "ms_min": 1000 * min(times),
+        "steps_timed": repeats,
+        "first_step_s": first,
+        "syncs_per_step": syncs,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    )
+    parser.add_argument("--backends", nargs="+", default=["dpsbi", "nflows"])
+    parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
+    parser.add_argument(
+        "--compile-on", nargs="*", default=["cuda"], help="devices whose rows are also compiled"
+    )
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", help="append each row to this JSON-lines file as it is measured")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    plan = [(d, b, n, False) for d in args.devices for b in args.backends for n in args.sizes]
+    plan += [(d, "dpsbi", n, True) for d in args.devices if d in args.compile_on for n in args.sizes]
+    out = []
+    for device, backend, batch, compiled in plan:  # eager rows first, compiled ones (slow to build) last
+        row = measure(backend, device, batch, compiled, args.warmup, args.repeats)
+        print(json.dumps(row), flush=True)
+        out.append(row)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
