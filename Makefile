@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 # ArviZ 1.x (pinned in .ci/arviz1.txt) beside the main environment's ArviZ 0.x, and the tests that touch it.
 ARVIZ1 ?= .venv-arviz1
-ARVIZ1_TESTS ?= tests/test_arviz.py
+ARVIZ1_TESTS ?= tests/test_arviz.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
 
 .PHONY: setup run lint test test-arviz1 bench clean
 

@@ -11,9 +11,9 @@ The conversions (:func:`posterior_inference_data`, :func:`baseline_inference_dat
 ``Posterior.to_arviz`` and ``BaselineResult.to_arviz``) name the posterior's variables after the task's
 parameters (each of dims ``(chain, draw)``), keep an MCMC sampler's chains as chains, put the release in
 ``observed_data`` (and, if asked, releases simulated from every draw in ``posterior_predictive``, both as the
-variable ``release`` of dim ``release_dim``, the layout ``arviz.plot_ppc`` reads), and record the method,
-the task, epsilon, the release and the settings as attributes of every group (plain numbers, strings and
-lists, with the settings as a JSON string, so that ``to_netcdf`` can write them).
+variable ``release`` of dim ``release_dim``, the layout ``arviz.plot_ppc`` (1.x: ``plot_ppc_dist``) reads),
+and record the method, the task, epsilon, the release and the settings as attributes of every group (plain
+numbers, strings and lists, with the settings as a JSON string, so that ``to_netcdf`` can write them).
 
 Both ArviZ majors, through one code path: ArviZ 0.x (Python 3.10-3.11, and on any Python with
 ``arviz<1``) gets an ``arviz.InferenceData``, ArviZ 1.x (which pip installs on Python >= 3.12) an xarray
@@ -242,8 +242,9 @@ def export_chains(num_samples: int, num_chains: int) -> int:
     SPLE samples with many short chains (by default its 2000 draws are 4 from each of 500 chains, in 52 steps
     of cheap batched flow calls), right for its draws but not for ArviZ: both majors read chains shorter than
     their count as a mislabelled array (the warning "More chains than draws"), and R-hat, which compares each
-    chain's spread with the spread between chains, read 1.12-1.18 on SPLE's chains of 4 draws (thinned draws of
-    one chain are still correlated at that length; independent draws read 1.01). The export runs its own,
+    chain's spread with the spread between chains, read 1.12-1.18 on SPLE's chains of 4 draws for a regression
+    on real data and 1.03-1.07 on ``conjugate_gaussian`` (thinned draws of one chain are still correlated at
+    that length; independent draws read 1.01), 1.00-1.02 on 44 chains of 46. The export runs its own,
     fewer and longer chains (63 chains of 64 draws for 4000 draws; 44 of 46 for 2000) with the posterior's
     other MCMC settings; ``sample`` is unchanged."""
     return max(1, min(int(num_chains), math.isqrt(int(num_samples))))
