@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
+# ArviZ 1.x (pinned in .ci/arviz1.txt) beside the main environment's ArviZ 0.x, and the tests that touch it.
+ARVIZ1 ?= .venv-arviz1
+ARVIZ1_TESTS ?= tests/test_arviz.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
 
-.PHONY: setup run lint test bench clean
+.PHONY: setup run lint test test-arviz1 bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +29,23 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one.
+# One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one. Then the
+# ArviZ-touching tests again under ArviZ 1.x.
 test: lint
 	$(PY) -m pytest -q -n auto
+	$(MAKE) test-arviz1
+
+# ArviZ 1.x needs Python >= 3.12 (pip's choice there) but runs on this one: installed without its
+# dependencies into $(ARVIZ1), first on PYTHONPATH, so that it shadows the main environment's ArviZ 0.x.
+$(ARVIZ1)/.installed: .ci/arviz1.txt $(VENV)/.installed
+	rm -rf $(ARVIZ1)
+	$(PY) -m pip install -q --no-deps --ignore-requires-python --target $(ARVIZ1) -r .ci/arviz1.txt
+	touch $@
+
+test-arviz1: $(ARVIZ1)/.installed
+	PYTHONPATH=$(abspath $(ARVIZ1))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -c \
+		"import arviz, sys; sys.exit(0 if arviz.__version__.startswith('1.') else f'ArviZ {arviz.__version__}, not 1.x')"
+	PYTHONPATH=$(abspath $(ARVIZ1))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -n auto $(ARVIZ1_TESTS)
 
 clean:
-	rm -rf $(VENV) outputs multirun
+	rm -rf $(VENV) $(ARVIZ1) outputs multirun

@@ -1,4 +1,4 @@
-"""MCMC diagnostics and the export of posteriors and baseline results to ``arviz.InferenceData``.
+"""MCMC diagnostics and the export of posteriors and baseline results to ArviZ, under either major version.
 
 One implementation of the effective sample size and R-hat for every sampler of dpsbi: ArviZ's (Vehtari,
 Gelman, Simpson, Carpenter & Burkner 2021), i.e. the rank-normalized split R-hat (the larger of the bulk and
@@ -11,15 +11,22 @@ The conversions (:func:`posterior_inference_data`, :func:`baseline_inference_dat
 ``Posterior.to_arviz`` and ``BaselineResult.to_arviz``) name the posterior's variables after the task's
 parameters (each of dims ``(chain, draw)``), keep an MCMC sampler's chains as chains, put the release in
 ``observed_data`` (and, if asked, releases simulated from every draw in ``posterior_predictive``, both as the
-variable ``release`` of dim ``release_dim``, the layout ``arviz.plot_ppc`` reads), and record the method,
-the task, epsilon, the release and the settings as attributes of every group (plain numbers, strings and
-lists, with the settings as a JSON string, so that ``to_netcdf`` can write them).
+variable ``release`` of dim ``release_dim``, the layout ``arviz.plot_ppc`` (1.x: ``plot_ppc_dist``) reads),
+and record the method, the task, epsilon, the release and the settings as attributes of every group (plain
+numbers, strings and lists, with the settings as a JSON string, so that ``to_netcdf`` can write them).
 
-ArviZ is imported on first use (it takes seconds), with its notice about the coming refactor silenced.
+Both ArviZ majors, through one code path: ArviZ 0.x (Python 3.10-3.11, and on any Python with
+``arviz<1``) gets an ``arviz.InferenceData``, ArviZ 1.x (which pip installs on Python >= 3.12) an xarray
+``DataTree``, with the same groups, variables, dims, coordinates and dpsbi attributes; only the call of
+``from_dict`` differs (:func:`arviz_major`, read once from ``arviz.__version__``). Either is written by
+``to_netcdf`` and read back by ``arviz.from_netcdf``; ``data["posterior"]`` is the posterior group in both.
+
+ArviZ is imported on first use (it takes seconds), with ArviZ 0.x's notice about the coming refactor silenced.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -36,9 +43,14 @@ from torch import Tensor
 MIN_ESS_DRAWS = 10
 #: Fewest draws per chain (and 2 chains) for R-hat, as ArviZ asks.
 MIN_RHAT_DRAWS = 4
-#: Draws per chain of an MCMC posterior (SPLE) exported or diagnosed by default: enough for ArviZ's ESS
+#: Draws per chain of an MCMC posterior (SPLE) diagnosed in a run's summary: enough for ArviZ's ESS
 #: (SPLE's 2000 draws for its metrics are 4 per chain of 500).
 DRAWS_PER_CHAIN = 20
+#: Draws of a posterior exported by ``to_arviz`` without ``num_samples`` (an MCMC posterior: in
+#: :func:`export_chains` chains).
+EXPORT_DRAWS = 4000
+#: Quantiles whose effective sample sizes make the tail ESS (ArviZ 0.x's default; ArviZ 1.x asks for them).
+TAIL_PROB = (0.05, 0.95)
 
 
 def _arviz():
@@ -48,6 +60,13 @@ def _arviz():
         import arviz
 
     return arviz
+
+
+@functools.cache
+def arviz_major() -> int:
+    """The installed ArviZ's major version: 0 (``from_dict(posterior=...)`` gives an ``InferenceData``) or 1
+    (``from_dict({"posterior": ...})`` gives an xarray ``DataTree``)."""
+    return int(str(_arviz().__version__).split(".")[0])
 
 
 def _as_chains(chains) -> tuple[np.ndarray, bool]:
@@ -69,14 +88,16 @@ def _per_coordinate(fn, chains) -> Tensor:
 def ess(chains, method: str = "bulk") -> Tensor:
     """Effective sample size per coordinate of ``chains (C, T, d)`` (``(C, T)``: a scalar), float64: ArviZ's
     ``arviz.ess(..., method=method)`` (``"bulk"``: rank-normalized split chains, the default; ``"tail"``:
-    the smaller of those of the 5% and 95% quantiles; any other method of ``arviz.ess`` without a ``prob``).
+    the smaller of those of the 5% and 95% quantiles, :data:`TAIL_PROB`; any other method of ``arviz.ess``
+    without a ``prob``). The same numbers under ArviZ 0.x and 1.x.
     About ``C T`` for independent draws, up to ``C T log10(C T)`` for antithetic ones; NaN with fewer than
     :data:`MIN_ESS_DRAWS` draws per chain (where ArviZ's estimate is meaningless) or a NaN draw."""
     az = _arviz()
     x, _ = _as_chains(chains)
     if x.shape[1] < MIN_ESS_DRAWS:
         return _per_coordinate(lambda _: math.nan, chains)
-    return _per_coordinate(lambda a: az.ess(a, method=method), chains)
+    prob = {"prob": TAIL_PROB} if method == "tail" else {}
+    return _per_coordinate(lambda a: az.ess(a, method=method, **prob), chains)
 
 
 def rhat(chains) -> Tensor:
@@ -167,11 +188,12 @@ def inference_data(
     predictive: Tensor | None = None,
     sample_stats: dict[str, Tensor] | None = None,
 ):
-    """``arviz.InferenceData`` of ``chains (C, T, d)``: one posterior variable ``(chain, draw)`` per name of
-    ``names``; the release ``observed (dim_s,)`` as ``observed_data.release`` and simulated releases
-    ``predictive (C, T, dim_s)`` as ``posterior_predictive.release``; ``sample_stats`` values ``(C, T)``;
-    ``attrs`` (values made netCDF-safe, ``None`` left out) on every group."""
-    az = _arviz()
+    """ArviZ's data of ``chains (C, T, d)`` (an ``arviz.InferenceData`` under ArviZ 0.x, an xarray ``DataTree``
+    under 1.x; the same content): one posterior variable ``(chain, draw)`` per name of ``names``; the release
+    ``observed (dim_s,)`` as ``observed_data.release`` ``(release_dim,)`` and simulated releases
+    ``predictive (C, T, dim_s)`` as ``posterior_predictive.release`` ``(chain, draw, release_dim)``;
+    ``sample_stats`` values ``(C, T)``; ``attrs`` (values made netCDF-safe, ``None`` left out, with
+    ``inference_library="dpsbi"``) on every group and on the whole."""
     x, _ = _as_chains(chains)
     if x.shape[-1] != len(names):
         raise ValueError(f"{len(names)} names for chains of {x.shape[-1]} parameters")
@@ -189,8 +211,19 @@ def inference_data(
     attrs = {
         k: _attribute(v) for k, v in {"inference_library": "dpsbi", **(attrs or {})}.items() if v is not None
     }
+    return _from_dict(groups, attrs, dims={"release": ["release_dim"]})
+
+
+def _from_dict(groups: dict[str, dict[str, np.ndarray]], attrs: dict, dims: dict[str, list[str]]):
+    """``arviz.from_dict`` of ``groups`` (group name -> variables), ``attrs`` on every group and on the whole,
+    in the call of the installed ArviZ major (ArviZ 0.x puts its global ``attrs`` on the data groups and the
+    whole, and takes the others' as ``<group>_attrs``; ArviZ 1.x takes one dict of attributes per group, ``"/"``
+    for the whole)."""
+    az = _arviz()
+    if arviz_major() >= 1:
+        return az.from_dict(groups, dims=dims, attrs={"/": attrs, **{group: dict(attrs) for group in groups}})
     group_attrs = {f"{group}_attrs": dict(attrs) for group in groups if group != "observed_data"}
-    return az.from_dict(**groups, dims={"release": ["release_dim"]}, attrs=attrs, **group_attrs)
+    return az.from_dict(**groups, dims=dims, attrs=attrs, **group_attrs)
 
 
 def _predictive_generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator | None:
@@ -202,6 +235,21 @@ def _predictive_generator(seed: int | None, generator: torch.Generator | None) -
     return torch.Generator().manual_seed((int(state[0]) << 31) ^ int(state[1]))
 
 
+def export_chains(num_samples: int, num_chains: int) -> int:
+    """Chains of an MCMC posterior's export of ``num_samples`` draws: ``num_chains``, or fewer, at most
+    ``floor(sqrt(num_samples))``, so that no chain is shorter than their count (``ceil(num_samples / C) >= C``).
+
+    SPLE samples with many short chains (by default its 2000 draws are 4 from each of 500 chains, in 52 steps
+    of cheap batched flow calls), right for its draws but not for ArviZ: both majors read chains shorter than
+    their count as a mislabelled array (the warning "More chains than draws"), and R-hat, which compares each
+    chain's spread with the spread between chains, read 1.12-1.18 on SPLE's chains of 4 draws for a regression
+    on real data and 1.03-1.07 on ``conjugate_gaussian`` (thinned draws of one chain are still correlated at
+    that length; independent draws read 1.01), 1.00-1.02 on 44 chains of 46. The export runs its own,
+    fewer and longer chains (63 chains of 64 draws for 4000 draws; 44 of 46 for 2000) with the posterior's
+    other MCMC settings; ``sample`` is unchanged."""
+    return max(1, min(int(num_chains), math.isqrt(int(num_samples))))
+
+
 def posterior_inference_data(
     posterior,
     num_samples: int | None = None,
@@ -211,17 +259,20 @@ def posterior_inference_data(
     predictive: bool = False,
     epsilon: float | None = None,
 ):
-    """``arviz.InferenceData`` of ``posterior`` (a :class:`~dpsbi.inference.posterior.Posterior`) at release
-    ``y`` (default: its default release) and ``epsilon`` (default: its default epsilon); see
+    """ArviZ's data (:func:`inference_data`) of ``posterior`` (a :class:`~dpsbi.inference.posterior.Posterior`)
+    at release ``y`` (default: its default release) and ``epsilon`` (default: its default epsilon): an MCMC
+    posterior's :func:`export_chains` chains, or one chain of a flow's independent draws; ``num_samples``
+    draws in all (default :data:`EXPORT_DRAWS`; an MCMC export rounds up to whole chains). See
     ``Posterior.to_arviz``."""
     task = posterior.task
-    if hasattr(posterior, "sample_chains"):  # an MCMC posterior (SPLE): its chains, as the sampler ran them
-        chains_count = posterior.mcmc.num_chains
-        num_samples = DRAWS_PER_CHAIN * chains_count if num_samples is None else int(num_samples)
-        chains = posterior.sample_chains(num_samples, y=y, generator=generator, seed=seed, epsilon=epsilon)
-        sampler = {"sampler": f"mcmc:{posterior.mcmc.method}", "num_chains": chains_count}
+    num_samples = EXPORT_DRAWS if num_samples is None else int(num_samples)
+    if hasattr(posterior, "sample_chains"):  # an MCMC posterior (SPLE): chains, as the sampler runs them
+        count = export_chains(num_samples, posterior.mcmc.num_chains)
+        chains = posterior.sample_chains(
+            num_samples, y=y, generator=generator, seed=seed, epsilon=epsilon, num_chains=count
+        )
+        sampler = {"sampler": f"mcmc:{posterior.mcmc.method}", "num_chains": count}
     else:  # independent draws of a flow: one chain
-        num_samples = 4000 if num_samples is None else int(num_samples)
         chains = posterior.sample((num_samples,), y=y, generator=generator, seed=seed, epsilon=epsilon)[None]
         sampler = {"sampler": "flow", "num_chains": 1}
     with warnings.catch_warnings():  # a caveat about the release was given while sampling
@@ -267,7 +318,8 @@ def baseline_inference_data(
     generator: torch.Generator | None = None,
     predictive: bool = False,
 ):
-    """``arviz.InferenceData`` of a :class:`~dpsbi.baselines.result.BaselineResult`; see its ``to_arviz``."""
+    """ArviZ's data (:func:`inference_data`) of a :class:`~dpsbi.baselines.result.BaselineResult`; see its
+    ``to_arviz``."""
     info = dict(result.info)
     chains = info.get("chains")
     attrs: dict = {"num_simulations": int(result.num_simulations)}

@@ -45,9 +45,10 @@ class BaselineResult:
         generator: torch.Generator | None = None,
         predictive: bool = False,
     ):
-        """The draws as an ``arviz.InferenceData`` (:func:`dpsbi.diagnostics.baseline_inference_data`), with a
-        posterior variable ``(chain, draw)`` per parameter, named after ``task.parameter_names`` when ``task``
-        is given (else ``theta[i]``):
+        """The draws in ArviZ's format (:func:`dpsbi.diagnostics.baseline_inference_data`: an
+        ``arviz.InferenceData`` under ArviZ 0.x, an xarray ``DataTree`` under 1.x), with a posterior variable
+        ``(chain, draw)`` per parameter, named after ``task.parameter_names`` when ``task`` is given (else
+        ``theta[i]``):
 
         - MCMC (``info["chains"]``: PMMH, MHAAR, MH-CLT, DA-MCMC): the chains as chains, all their kept draws;
         - importance weights (ABC-IS, SMC-ABC): ``num_samples`` (default: as many as there are weighted draws)

@@ -73,7 +73,9 @@ CHECKPOINT, SCORED_CHECKPOINT = checkpoint.FILE, "scored.pt"
 @dataclass
 class Scorer:
     """Scores of draws ``(n, dim_theta)``: C2ST and MMD against the reference, NLOG at the true parameter,
-    LMD at the observed release; a metric that does not apply (no reference, no truth) is left out."""
+    LMD at the observed release; a metric that does not apply (no reference, no truth) is left out, one that
+    cannot be computed on these draws (NLOG's KDE on collapsed draws, draws outside the prior's support) is
+    ``None`` (a blank cell), with its reason in the run's log, not a warning: the run goes on."""
 
     task: Task
     reference: Reference
@@ -100,11 +102,8 @@ class Scorer:
                 continue
             try:
                 scores[name] = available[name]()
-            except (
-                ValueError,
-                RuntimeError,
-            ) as error:  # e.g. draws outside the prior's support: keep the run
-                warnings.warn(f"{name} could not be computed: {error}", stacklevel=2)
+            except (ValueError, RuntimeError) as error:
+                log.info("%s not computed (left blank): %s", name, error)
                 scores[name] = None
         return scores
 

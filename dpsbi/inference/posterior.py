@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import math
 import os
 import warnings
@@ -378,14 +379,17 @@ class Posterior(abc.ABC):
         *,
         epsilon: float | None = None,
     ):
-        """Draws at release ``y`` and ``epsilon`` (class docstring) as an ``arviz.InferenceData`` (:func:`dpsbi.diagnostics.posterior_inference_data`):
-        a posterior variable ``(chain, draw)`` per parameter, named after ``task.parameter_names``; the release
-        as ``observed_data.release``; attributes ``method``, ``task``, ``epsilon``, ``release``, ``settings``
-        (JSON), ``sampler``, ``num_chains``. A :class:`LikelihoodPosterior` (SPLE) keeps its MCMC chains
-        (:meth:`LikelihoodPosterior.sample_chains`: ``ceil(num_samples / num_chains)`` draws each, by default
-        20, which ``arviz.ess`` needs; SPLE's 2000 draws are 4 per chain), a :class:`FlowPosterior` gives
-        one chain of ``num_samples`` (default 4000) independent draws. ``predictive=True`` adds a release
-        simulated from every draw as ``posterior_predictive.release`` (for ``arviz.plot_ppc``). ``seed`` or
+        """Draws at release ``y`` and ``epsilon`` (class docstring) in ArviZ's format
+        (:func:`dpsbi.diagnostics.posterior_inference_data`): an ``arviz.InferenceData`` under ArviZ 0.x, an
+        xarray ``DataTree`` under ArviZ 1.x, with the same content. A posterior variable ``(chain, draw)`` per
+        parameter, named after ``task.parameter_names``; the release as ``observed_data.release``; attributes
+        ``method``, ``task``, ``epsilon``, ``release``, ``settings`` (JSON), ``sampler``, ``num_chains``. A
+        :class:`LikelihoodPosterior` (SPLE) gives MCMC chains (:meth:`LikelihoodPosterior.sample_chains`), at
+        most ``floor(sqrt(num_samples))`` of them so that each is at least as long as their count, as ArviZ
+        expects (:func:`dpsbi.diagnostics.export_chains`: 44 chains of 46 draws for 2000 draws, where
+        :meth:`sample` runs 4 draws in each of 500); a :class:`FlowPosterior` gives one chain of independent
+        draws. ``num_samples`` defaults to 4000. ``predictive=True`` adds a release simulated from every draw
+        as ``posterior_predictive.release`` (for ArviZ's posterior predictive plots). ``seed`` or
         ``generator`` fix the draws as in :meth:`sample`."""
         from ..diagnostics import posterior_inference_data
 
@@ -544,34 +548,45 @@ class LikelihoodPosterior(Posterior):
         seed: int | None = None,
         *,
         epsilon: float | None = None,
+        num_chains: int | None = None,
     ) -> Tensor:
         """The MCMC chains behind :meth:`sample` at release ``y`` (and ``epsilon``, as in :meth:`sample`): ``(num_chains, ceil(num_samples / num_chains),
         dim_theta)``. Under the same ``seed`` (or generator state), their draws taken step by step across the
         chains (``chains.transpose(0, 1).reshape(-1, dim_theta)``) and cut to ``num_samples`` rows are
         ``sample((num_samples,))``'s; a longer run continues the same chains (a shorter run's draws are the
-        first of each chain). Raises ``RuntimeError`` rather than return a NaN/inf draw."""
+        first of each chain). ``num_chains`` (default ``mcmc.num_chains``) runs that many chains instead, with
+        the posterior's other MCMC settings (``to_arviz`` runs fewer, longer chains than :meth:`sample`).
+        Raises ``RuntimeError`` rather than return a NaN/inf draw."""
         if int(num_samples) < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        mcmc = self.mcmc if num_chains is None else dataclasses.replace(self.mcmc, num_chains=num_chains)
         y = self._conditions(y, epsilon, single=True)
         info: dict = {}
-        self._slice_sample(int(num_samples), y, self._noise_generator(generator, seed), info)
+        self._slice_sample(int(num_samples), y, self._noise_generator(generator, seed), info, mcmc)
         return self._finite(self.space.to_theta(info["draws"])).transpose(0, 1)  # draws: (S, C, dim)
 
     def _slice_sample(
-        self, n: int, y: Tensor, generator: torch.Generator | None, info: dict | None = None
+        self,
+        n: int,
+        y: Tensor,
+        generator: torch.Generator | None,
+        info: dict | None = None,
+        mcmc: MCMCSettings | None = None,
     ) -> Tensor:
         """``n`` draws ``(n, dim)`` at one release ``y (1, dim_s)``: slice sampling from ``num_chains`` chains
-        started among ``init_candidates`` prior draws; ``info`` as in :func:`~dpsbi.inference.mcmc.slice_sample`."""
+        started among ``init_candidates`` prior draws, as ``mcmc`` (default: the posterior's settings) says;
+        ``info`` as in :func:`~dpsbi.inference.mcmc.slice_sample`."""
+        mcmc = self.mcmc if mcmc is None else mcmc
         run_seed = draw_seed(generator)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(run_seed)
-            candidates = self.space.to_z(self.task.prior.sample((self.mcmc.init_candidates,))).to(self.device)
+            candidates = self.space.to_z(self.task.prior.sample((mcmc.init_candidates,))).to(self.device)
         init_gen = torch.Generator(device=self.device).manual_seed(run_seed)
         log_density = _in_chunks(lambda chunk: self.log_density_z(chunk, y), candidates)
-        init = resample_init(candidates, log_density, self.mcmc.num_chains, init_gen)
+        init = resample_init(candidates, log_density, mcmc.num_chains, init_gen)
         width = candidates.std(0)  # the prior's spread: wider than the posterior's, as the sampler likes it
         return slice_sample(
-            lambda v: self.log_density_z(v, y), init, n, self.mcmc, run_seed, width, self.progress, info=info
+            lambda v: self.log_density_z(v, y), init, n, mcmc, run_seed, width, self.progress, info=info
         )
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
