@@ -104,9 +104,9 @@ def test_ctrl_c_in_training_is_a_keyboard_interrupt_with_finished_rounds_kept(tm
     handler = signal.getsignal(signal.SIGINT)
     estimator = Interrupted(task, rounds=3, checkpoint_dir=tmp_path, **TINY)
     estimator.at = (1, 3)  # in round 2
-    with pytest.raises(KeyboardInterrupt):  # Lightning turns it into SystemExit(1)
+    with pytest.raises(KeyboardInterrupt):  # not a SystemExit, as Lightning made it
         estimator.run()
-    assert signal.getsignal(signal.SIGINT) is handler  # Lightning leaves SIGINT ignored
+    assert signal.getsignal(signal.SIGINT) is handler  # SIGINT is not left ignored
     assert len(estimator.history) == 1
     resumed = dpsbi.SPPE(task, rounds=3, checkpoint_dir=tmp_path, **TINY)
     draws = resumed.run().sample((50,), seed=0)
