@@ -13,7 +13,7 @@ import math
 import torch
 
 from ..mechanisms import Mechanism
-from .base import Task
+from .base import Task, prior_device
 
 #: Number of seeded prior draws in a task's identity.
 PROBE_DRAWS = 4
@@ -34,7 +34,7 @@ def mechanism_identity(mechanism: Mechanism) -> dict:
 def prior_identity(task: Task) -> dict:
     """The prior's type, ``PROBE_DRAWS`` draws from it under a fixed seed, their log densities and their
     images in the unconstrained space (which fingerprint the bijection)."""
-    device = task.prior.mean.device if _has_mean(task.prior) else torch.device("cpu")
+    device = prior_device(task.prior)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(20261123)
         theta = task.prior.sample((PROBE_DRAWS,))
@@ -96,10 +96,3 @@ def _short(value) -> str:
 
 def _numbers(t: torch.Tensor) -> list:
     return t.detach().double().cpu().tolist()
-
-
-def _has_mean(prior) -> bool:
-    try:
-        return torch.is_tensor(prior.mean)
-    except NotImplementedError:
-        return False
