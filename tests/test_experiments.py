@@ -497,3 +497,29 @@ def test_dpsbi_run_reports_a_bad_value_in_one_line(tmp_path):
     assert out.returncode != 0
     assert "dpsbi-run: config error: task.epsilon must be a finite number > 0, got -1" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_dpsbi_run_refuses_a_negative_seed_before_writing_anything(tmp_path):
+    out = _cli("dpsbi-run", "seed=-1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "dpsbi-run: config error: seed must be an integer from 0 to 2**63 - 1, got -1" in out.stderr
+    assert not any((tmp_path / "run").iterdir())  # no config.yaml, no reference
+
+
+def test_dpsbi_run_names_a_run_directory_it_cannot_write(tmp_path):
+    """A file in the way, and (where permissions bind: not as root) a read-only folder: one line, not Hydra's
+    traceback."""
+    (tmp_path / "blocked").write_text("")
+    targets = [tmp_path / "blocked" / "run"]
+    if os.geteuid() != 0:
+        (tmp_path / "readonly").mkdir(mode=0o555)
+        targets.append(tmp_path / "readonly" / "run")
+    for target in targets:
+        out = _cli("dpsbi-run", f"hydra.run.dir={target}", cwd=tmp_path)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+        assert (
+            out.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"dpsbi-run: cannot write the run directory {target} (")
+        )
+        assert out.stderr.strip().endswith("choose a writable one with hydra.run.dir=...")

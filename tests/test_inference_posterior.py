@@ -405,3 +405,45 @@ def test_map_finds_the_trained_posteriors_own_mode(posteriors, task, kind):
     assert post.log_prob(mode[None]).item() >= values.max().item() - 1e-4
     quick = dict(num_init=50, num_to_optimize=2, steps=3, seed=1)
     assert torch.equal(post.map(**quick), post.map(**quick))  # seeded
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            lambda post: post.sample((-5,)),
+            r"sample_shape must be a tuple of integers >= 0, e\.g\. \(2000,\), got \(-5,\)",
+        ),
+        (lambda post: post.sample((2.5,)), r"sample_shape must be .*got \(2\.5,\)"),
+        (lambda post: post.sample_batched((-1,), y=RELEASES), r"sample_shape must be .*got \(-1,\)"),
+        (lambda post: post.sample((3,), seed=-1), r"seed must be an integer from 0 to 2\*\*63 - 1, got -1"),
+        (
+            lambda post: post.log_prob(torch.tensor([[0.0, 0.0], [math.nan, 0.0]])),
+            r"theta holds NaN at index \[1\]",
+        ),
+    ],
+    ids=["negative-shape", "float-shape", "batched-shape", "negative-seed", "nan-theta"],
+)
+def test_bad_arguments_of_a_posterior_are_refused_in_one_line(task, call, match):
+    """Raw torch errors (and log_prob -inf for a NaN parameter, which sbi also returns) before."""
+    with pytest.raises(ValueError, match=match) as refused:
+        call(_random_flow_posterior(task, amortized=False))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_sample_shape_may_be_one_integer_or_hold_a_zero(task):
+    post = _random_flow_posterior(task, amortized=False)
+    assert torch.equal(post.sample(3, seed=0), post.sample((3,), seed=0))
+    assert post.sample((0,)).shape == (0, 2) and post.sample_batched((2, 0), y=RELEASES).shape == (2, 0, 3, 2)
+
+
+def test_an_epsilon_that_is_not_a_number_is_a_type_error_naming_it(task):
+    with pytest.raises(TypeError, match=r"epsilon must be a number or a tensor of numbers, got '1' \(str\)"):
+        _random_flow_posterior(task, amortized=False).sample((3,), epsilon="1")
+    for name in (
+        "conjugate_gaussian",
+        "census_table",
+        "regression",
+    ):  # census_table accepted it, others failed in arithmetic
+        with pytest.raises(TypeError, match=rf"task '{name}': epsilon must be a number, got '1' \(str\)"):
+            dpsbi.tasks.load(name, epsilon="1")

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..files import exclusive
 from ..mechanisms.epsilon import at_epsilons, epsilon_range_problem, log_uniform, nominal_epsilon
+from ..seeds import check_seed
 from ..tasks import Task
 from ..tasks.identity import identity
 from . import checkpoint
@@ -249,7 +250,7 @@ class SequentialEstimator(abc.ABC):
         self.task, self.space = task, ParameterSpace(task)
         self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
         self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
-        self.flow_settings, self.seed = FlowSettings.coerce(flow), int(seed)
+        self.flow_settings, self.seed = FlowSettings.coerce(flow), check_seed(seed)
         self.checkpoint_path = checkpoint.path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress, self.on_round_end = bool(progress), on_round_end
         self.flow: ConditionalFlow | None = None

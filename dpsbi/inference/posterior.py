@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable
@@ -34,7 +35,8 @@ class Posterior(abc.ABC):
     """A posterior over a task's parameters given releases ``y``, built on a trained conditional flow.
 
     ``sample(sample_shape, y=None, generator=None, seed=None)`` returns parameters in the prior's space,
-    shape ``sample_shape + (dim_theta,)``; ``log_prob(theta, y=None)`` returns ``theta.shape[:-1]``;
+    shape ``sample_shape + (dim_theta,)`` (``sample_shape``: a tuple of integers >= 0, or one integer ``n`` for
+    ``(n,)``); ``log_prob(theta, y=None)`` returns ``theta.shape[:-1]`` (NaN parameters are refused);
     ``sample_batched`` and ``log_prob_batched`` do the same for a batch of releases ``(B, dim_s)`` and
     ``map`` finds the mode. ``y`` defaults to the release set by :meth:`set_default_x`, else ``task.y_obs``;
     every release is validated with ``task.check_release``. Results live on the flow's device.
@@ -112,9 +114,10 @@ class Posterior(abc.ABC):
         """Draws ``sample_shape + (dim_theta,)`` at release ``y`` (``(dim_s,)`` or ``(1, dim_s)``) and ``epsilon``
         (class docstring); ``seed`` or ``generator`` fix them. Raises ``RuntimeError`` rather than return a
         NaN/inf draw. ``x`` and the other keywords: sbi's (class docstring)."""
+        shape = _sample_shape(sample_shape)
         y = self._conditions(_release_or_x(y, x, "sample"), epsilon, single=True)
         with self._progress_bars(show_progress_bars):
-            return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))[..., 0, :]
+            return self._draw(shape, y, self._noise_generator(generator, seed))[..., 0, :]
 
     @torch.no_grad()
     def sample_batched(
@@ -137,9 +140,10 @@ class Posterior(abc.ABC):
         :class:`FlowPosterior` maps all of them in one vectorized flow pass (in chunks of :data:`CHUNK_ROWS`
         flow rows); a :class:`LikelihoodPosterior` runs one MCMC per release (a loop). sbi's keywords: class
         docstring."""
+        shape = _sample_shape(sample_shape)
         y = self._conditions(_release_or_x(y, x, "sample_batched", required=True), epsilon, single=False)
         with self._progress_bars(show_progress_bars):
-            return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))
+            return self._draw(shape, y, self._noise_generator(generator, seed))
 
     @torch.no_grad()
     def log_prob(
@@ -255,6 +259,8 @@ class Posterior(abc.ABC):
 
     def _draw(self, shape: torch.Size, y: Tensor, generator: torch.Generator | None) -> Tensor:
         """Draws ``shape + (B, dim_theta)`` at the checked releases ``y (B, dim_s)``, refused if any is NaN/inf."""
+        if shape.numel() == 0:
+            return torch.empty(shape + (y.shape[0], self.task.dim_theta), device=self.space.device)
         z = self._sample_z(shape.numel(), y, generator)
         return self._finite(self.space.to_theta(z).reshape(shape + (y.shape[0], self.task.dim_theta)))
 
@@ -356,10 +362,18 @@ class Posterior(abc.ABC):
         return {} if self.epsilon_range is None else {"epsilon_range": list(self.epsilon_range)}
 
     def _check_theta(self, theta: Tensor) -> tuple[Tensor, Tensor]:
-        """``theta`` as a float tensor on the flow's device and a mask of rows inside the prior's support."""
+        """``theta`` as a float tensor on the flow's device and a mask of rows inside the prior's support; a
+        ``ValueError`` for the wrong last dimension or a NaN."""
         theta = torch.as_tensor(theta, dtype=torch.get_default_dtype()).to(self.device)
         if theta.ndim == 0 or theta.shape[-1] != self.task.dim_theta:
             raise ValueError(f"theta must have shape (..., {self.task.dim_theta}), got {tuple(theta.shape)}")
+        nan = torch.isnan(theta).any(-1)
+        if nan.any():
+            where = nan.nonzero()[0].tolist()
+            raise ValueError(
+                f"theta holds NaN at index {where}: {theta[tuple(where)].tolist()}; a density needs parameter values, "
+                "drop or fill those rows"
+            )
         inside = self.task.prior.support.check(theta.to(self.space.device)).to(self.device)
         return theta, inside.all(-1) if inside.ndim == theta.ndim else inside
 
@@ -598,6 +612,22 @@ def _release_or_x(y, x, method: str, required: bool = False):
     if required and x is None and y is None:
         raise TypeError(f"{method} needs the releases (B, dim_s): pass y= (or sbi's x=)")
     return y if x is None else x
+
+
+def _sample_shape(sample_shape) -> torch.Size:
+    """``sample_shape`` (a tuple of integers >= 0, or one integer ``n`` for ``(n,)``) as a ``torch.Size``, or a
+    ``ValueError`` naming it."""
+
+    def count(d) -> bool:
+        return isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0
+
+    try:
+        dims = (sample_shape,) if count(sample_shape) else tuple(sample_shape)
+    except TypeError:
+        dims = None
+    if dims is None or not all(count(d) for d in dims):
+        raise ValueError(f"sample_shape must be a tuple of integers >= 0, e.g. (2000,), got {sample_shape!r}")
+    return torch.Size(int(d) for d in dims)
 
 
 def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> Tensor:

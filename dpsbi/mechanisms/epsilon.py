@@ -23,8 +23,17 @@ from .base import Mechanism
 
 
 def epsilons(epsilon) -> Tensor:
-    """``epsilon`` as a floating tensor of finite positive values, or a ``ValueError``."""
-    eps = torch.as_tensor(epsilon)
+    """``epsilon`` as a floating tensor of finite positive values; a ``TypeError`` for what is not numbers (a
+    string, a bool), a ``ValueError`` for values that are not finite and > 0."""
+    try:
+        eps = torch.as_tensor(epsilon)
+    except (TypeError, ValueError, RuntimeError):
+        eps = None
+    if eps is None or eps.dtype == torch.bool or eps.is_complex():
+        raise TypeError(
+            f"epsilon must be a number or a tensor of numbers, got {epsilon!r} ({type(epsilon).__name__}); "
+            "pass e.g. epsilon=1.0"
+        )
     eps = eps if eps.is_floating_point() else eps.to(torch.get_default_dtype())
     if eps.numel() == 0 or not bool((torch.isfinite(eps) & (eps > 0)).all()):
         raise ValueError(f"epsilon must hold finite numbers > 0, got {eps.flatten()[:5].tolist()}")
