@@ -19,6 +19,7 @@ import dpsbi
 from dpsbi import cli
 from dpsbi.experiment import METHODS, ConfigError, config_dir, plan, reference_posterior, run_experiment
 from dpsbi.experiment.outputs import read_draws, read_rows
+from dpsbi.mechanisms import Laplace
 
 TASKS = [
     t for t in dpsbi.tasks.names() if t != "custom"
@@ -237,6 +238,33 @@ def test_reference_is_exact_and_cached(tmp_path, monkeypatch):
         task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings
     )
     assert torch.equal(again.samples, ref.samples) and again.note == ref.note
+
+
+def test_a_changed_model_under_the_same_name_never_reuses_a_cached_reference(tmp_path):
+    """The cache key covers the prior and the simulator: a custom model edited under the same name and
+    config (here its simulator shifted by 3, then its prior widened) gets its own reference."""
+    settings = dict(
+        pilot_simulations=200, max_simulations=10**6, importance_particles=100, importance_draws=2000
+    )
+
+    def reference(prior_sd: float, shift: float):
+        task = dpsbi.from_simulator(
+            dpsbi.tasks.normal(0.0, prior_sd), lambda theta: theta + shift, Laplace(1.0, 1.0, dim=1), [0.0]
+        )
+        return reference_posterior(
+            task,
+            {"name": "custom", "factory": "mymodel:make"},
+            "rejection",
+            500,
+            tmp_path,
+            progress=False,
+            **settings,
+        ).samples
+
+    first, shifted, wider = reference(1.0, 0.0), reference(1.0, 3.0), reference(3.0, 3.0)
+    assert float(first.mean()) - float(shifted.mean()) > 0.5  # moved by 1.0, Monte Carlo sd 0.05
+    assert float(wider.std()) > 1.2 * float(shifted.std())
+    assert len(list(tmp_path.rglob("*.pt"))) == 3
 
 
 def test_importance_reference_matches_the_exact_posterior(tmp_path):

@@ -2,6 +2,7 @@
 sbi-style interface (set_default_x, sample_batched, log_prob_batched, map)."""
 
 import dataclasses
+import json
 import math
 import pickle
 import re
@@ -217,6 +218,50 @@ def test_a_posterior_file_is_refused_for_another_model(tmp_path):
         load_posterior(path, task=laplace)
     same = load_posterior(path, task=dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0))
     assert torch.equal(same.sample((3,), seed=0), post.sample((3,), seed=0))
+
+
+def test_a_posterior_file_is_refused_for_a_task_with_another_simulator(task, tmp_path):
+    """Same name, prior and mechanism, the simulator shifted: refused as checkpoints refuse it (the file
+    records two parameters and their summaries under a fixed seed); the same simulator loads."""
+    path = tmp_path / "p.pt"
+    _random_flow_posterior(task, amortized=True).save(path)
+    shifted = dataclasses.replace(
+        task, simulator=lambda theta, generator=None: task.simulator(theta, generator) + 1.0
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(str(path))} was simulated by another simulator: .*load it with the task",
+    ):
+        load_posterior(path, task=shifted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_posterior(path, task=task)
+
+
+def test_a_simulator_that_ignores_its_seed_loads_with_a_warning(task, tmp_path):
+    noisy = dataclasses.replace(
+        task, simulator=lambda theta, generator=None: theta + torch.randn(theta.shape)
+    )
+    path = tmp_path / "p.pt"
+    _random_flow_posterior(noisy, amortized=True).save(path)
+    with pytest.warns(
+        UserWarning, match=r"does not reproduce its output .* cannot check that .*p\.pt was simulated by it"
+    ):
+        load_posterior(path, task=noisy)
+
+
+def test_a_posterior_file_written_before_simulator_probes_loads_with_a_warning(task, tmp_path):
+    path = tmp_path / "p.pt"
+    post = _random_flow_posterior(task, amortized=True)
+    post.save(path)
+    payload = load_sealed(path, "test file")
+    meta = json.loads(payload["meta"])
+    del meta["simulator"]
+    save_sealed({**payload, "meta": json.dumps(meta)}, path)
+    with pytest.warns(UserWarning, match=r"written before posterior files recorded the simulator") as caught:
+        loaded = load_posterior(path)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert torch.equal(loaded.sample((3,), seed=0), post.sample((3,), seed=0))
 
 
 def test_a_changed_registered_task_definition_is_caught(task, tmp_path, monkeypatch):

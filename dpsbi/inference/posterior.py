@@ -19,7 +19,7 @@ from .. import tasks
 from ..mechanisms.epsilon import epsilons, nominal_epsilon
 from ..qmc import cell_points
 from ..tasks import Task
-from ..tasks.identity import identity
+from ..tasks.identity import identity, simulator_probe
 from . import posterior_file
 from .flows import ConditionalFlow, FlowSettings
 from .losses import dequantized, with_log_epsilon
@@ -413,6 +413,7 @@ class Posterior(abc.ABC):
             "method": self.method,
             "task": posterior_file.task_spec(self.task),
             "identity": identity(self.task),
+            "simulator": {k: v.tolist() for k, v in simulator_probe(self.task).items()},
             "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
             "default_x": None if self._default_x is None else self._default_x.tolist(),
             "default_epsilon": self._default_epsilon,
@@ -644,7 +645,8 @@ def load_posterior(
     default device). Only tensors and plain containers are read (``weights_only=True``), and only from an
     intact file (checksum). The task is rebuilt from its recorded name and arguments unless ``task`` is
     given; either way its model must match the one recorded in the file, or a ``ValueError`` names every
-    differing field. A release set by ``set_default_x`` and an epsilon set by ``set_default_epsilon`` before saving
+    differing field, and its simulator must reproduce the recorded probe (``"was simulated by another
+    simulator"``; a file written before the probe was recorded loads with a warning). A release set by ``set_default_x`` and an epsilon set by ``set_default_epsilon`` before saving
     are the defaults again."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     meta, state = posterior_file.read(path, device, _KINDS)
@@ -657,6 +659,7 @@ def load_posterior(
         task = tasks.load(meta["task"]["name"], **meta["task"]["kwargs"])
         which = "the task as dpsbi.tasks.load builds it now"
     posterior_file.check_identity(path, meta["identity"], task, which)
+    posterior_file.check_simulator(path, meta.get("simulator"), task)
     if meta["y_obs"] is not None:
         task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
     spec = meta["flow"]
