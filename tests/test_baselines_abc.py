@@ -188,3 +188,14 @@ def test_perturbation_is_the_weighted_gaussian_mixture():
     # Draws follow the mixture: mean weights @ z, covariance (1 + scale) x population covariance.
     se = (3 * covariance / 2).diagonal().sqrt() / math.sqrt(2000)
     assert torch.all((x.mean(0) - weights @ z).abs() < 4 * se)
+
+
+@pytest.mark.parametrize("seed", [-1, True, 2.0])
+def test_a_seed_that_is_not_a_non_negative_integer_is_refused_before_any_simulation(seed):
+    """torch wraps a negative seed silently; numpy's message (in the estimators) did not say what to fix."""
+    task = dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0)
+    for baseline, budget in ((rejection_abc, dict(num_samples=10)), (smc_abc, dict(num_particles=10))):
+        with pytest.raises(
+            ValueError, match=r"^seed must be an integer from 0 to 2\*\*63 - 1, got .*; pass e\.g\. seed=0$"
+        ):
+            baseline(task, **budget, seed=seed, progress=False)

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.distributions import ExpTransform, Independent, Normal, SigmoidTransform
+from torch.distributions import ExpTransform, Independent, Normal, Poisson, SigmoidTransform
 
 import dpsbi
 from dpsbi.mechanisms import BinomialCurve, Gaussian, Laplace, RandomizedResponse
@@ -145,6 +145,13 @@ def _bits(theta, generator):
     return (theta > 0).to(theta.dtype)
 
 
+class _NaNAboveOne(Independent):
+    """A normal prior whose log density is NaN where theta_1 > 1 (a user's bug)."""
+
+    def log_prob(self, value):
+        return torch.where(value[..., 0] > 1, math.nan, super().log_prob(value))
+
+
 BAD_INPUTS = {
     "release-length": (dict(y_obs=[0.1]), r"y_obs has 1 values but the mechanism releases 2"),
     "release-nan": (dict(y_obs=[math.nan, 0.0]), r"y_obs holds NaN/inf at positions \[0\]"),
@@ -163,6 +170,14 @@ BAD_INPUTS = {
         r"prior must be over vectors.*Independent\(prior, 1\)",
     ),
     "prior-not-a-distribution": (dict(prior=[0.0, 1.0]), r"prior must be a torch Distribution"),
+    "prior-log-prob-nan": (  # SPLE used to drop theta_1 > 1 silently, SPPE to blame the simulator
+        dict(prior=_NaNAboveOne(Normal(torch.zeros(2), torch.ones(2)), 1)),
+        r"the prior _NaNAboveOne's log_prob is nan at its own draw theta=\[1\.\d+, ",
+    ),
+    "prior-discrete": (
+        dict(prior=Independent(Poisson(torch.full((2,), 3.0)), 1)),
+        r"the prior Independent is discrete \(support .*IntegerGreaterThan.*\); .*use a continuous prior",
+    ),
     "transform-image-too-large": (
         dict(prior=box([0.0, 0.0], [1.0, 1.0]), transform=ExpTransform()),
         r"outside the prior's support.*its image is not the support",
@@ -290,6 +305,19 @@ def test_a_hand_built_task_with_another_epsilon_than_its_mechanism_is_refused():
     )
     gdp = Gaussian.gdp(0.5, 1.0, dim=2)  # a mu-GDP mechanism states mu; its epsilon is that at delta
     assert Task("gdp", prior, torch_simulator, gdp, epsilon=0.5).epsilon == 0.5
+
+
+def test_a_hand_built_task_checks_its_prior_on_the_priors_own_draws():
+    """Before any simulation: a log density that is NaN on part of the prior's draws, and a discrete prior."""
+    nan_prior = _NaNAboveOne(Normal(torch.zeros(2), torch.ones(2)), 1)
+    with pytest.raises(
+        ValueError, match=r"task 'mine': the prior _NaNAboveOne's log_prob is nan at its own draw"
+    ):
+        Task("mine", nan_prior, torch_simulator, MECHANISM, epsilon=1.0)
+    poisson = Independent(Poisson(torch.full((2,), 3.0)), 1)
+    with pytest.raises(ValueError, match=r"task 'mine': the prior Independent is discrete") as refused:
+        Task("mine", poisson, torch_simulator, MECHANISM, epsilon=1.0)
+    assert "\n" not in str(refused.value)
 
 
 def test_prior_shorthands_are_vector_distributions():

@@ -19,6 +19,7 @@ import dpsbi
 from dpsbi import cli
 from dpsbi.experiment import METHODS, ConfigError, config_dir, plan, reference_posterior, run_experiment
 from dpsbi.experiment.outputs import read_draws, read_rows
+from dpsbi.mechanisms import Laplace
 
 TASKS = [
     t for t in dpsbi.tasks.names() if t != "custom"
@@ -237,6 +238,33 @@ def test_reference_is_exact_and_cached(tmp_path, monkeypatch):
         task, {"name": "poisson_counts"}, "rejection", 2000, tmp_path, seed=0, progress=False, **settings
     )
     assert torch.equal(again.samples, ref.samples) and again.note == ref.note
+
+
+def test_a_changed_model_under_the_same_name_never_reuses_a_cached_reference(tmp_path):
+    """The cache key covers the prior and the simulator: a custom model edited under the same name and
+    config (here its simulator shifted by 3, then its prior widened) gets its own reference."""
+    settings = dict(
+        pilot_simulations=200, max_simulations=10**6, importance_particles=100, importance_draws=2000
+    )
+
+    def reference(prior_sd: float, shift: float):
+        task = dpsbi.from_simulator(
+            dpsbi.tasks.normal(0.0, prior_sd), lambda theta: theta + shift, Laplace(1.0, 1.0, dim=1), [0.0]
+        )
+        return reference_posterior(
+            task,
+            {"name": "custom", "factory": "mymodel:make"},
+            "rejection",
+            500,
+            tmp_path,
+            progress=False,
+            **settings,
+        ).samples
+
+    first, shifted, wider = reference(1.0, 0.0), reference(1.0, 3.0), reference(3.0, 3.0)
+    assert float(first.mean()) - float(shifted.mean()) > 0.5  # moved by 1.0, Monte Carlo sd 0.05
+    assert float(wider.std()) > 1.2 * float(shifted.std())
+    assert len(list(tmp_path.rglob("*.pt"))) == 3
 
 
 def test_importance_reference_matches_the_exact_posterior(tmp_path):
@@ -497,3 +525,29 @@ def test_dpsbi_run_reports_a_bad_value_in_one_line(tmp_path):
     assert out.returncode != 0
     assert "dpsbi-run: config error: task.epsilon must be a finite number > 0, got -1" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_dpsbi_run_refuses_a_negative_seed_before_writing_anything(tmp_path):
+    out = _cli("dpsbi-run", "seed=-1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "dpsbi-run: config error: seed must be an integer from 0 to 2**63 - 1, got -1" in out.stderr
+    assert not any((tmp_path / "run").iterdir())  # no config.yaml, no reference
+
+
+def test_dpsbi_run_names_a_run_directory_it_cannot_write(tmp_path):
+    """A file in the way, and (where permissions bind: not as root) a read-only folder: one line, not Hydra's
+    traceback."""
+    (tmp_path / "blocked").write_text("")
+    targets = [tmp_path / "blocked" / "run"]
+    if os.geteuid() != 0:
+        (tmp_path / "readonly").mkdir(mode=0o555)
+        targets.append(tmp_path / "readonly" / "run")
+    for target in targets:
+        out = _cli("dpsbi-run", f"hydra.run.dir={target}", cwd=tmp_path)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+        assert (
+            out.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"dpsbi-run: cannot write the run directory {target} (")
+        )
+        assert out.stderr.strip().endswith("choose a writable one with hydra.run.dir=...")

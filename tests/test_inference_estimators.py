@@ -212,6 +212,8 @@ def test_a_checkpoint_of_version_2_which_counted_rounds_from_0_is_refused(tmp_pa
         (dict(training=dict(lr=-1.0)), "lr"),
         (dict(training=dict(epochs=3)), "unknown training settings"),
         (dict(training=dict(max_steps=0)), "max_steps=0"),
+        (dict(seed=-1), r"seed must be an integer from 0 to 2\*\*63 - 1, got -1"),
+        (dict(seed=1.5), r"seed must be an integer .*got 1\.5"),
         (dict(training=dict(lr_schedule="linear")), r"lr_schedule='linear'.*one of \('constant', 'cosine'\)"),
         (
             dict(training=dict(lr_schedule="cosine", max_steps=None)),

@@ -2,6 +2,7 @@
 sbi-style interface (set_default_x, sample_batched, log_prob_batched, map)."""
 
 import dataclasses
+import json
 import math
 import pickle
 import re
@@ -219,6 +220,50 @@ def test_a_posterior_file_is_refused_for_another_model(tmp_path):
     assert torch.equal(same.sample((3,), seed=0), post.sample((3,), seed=0))
 
 
+def test_a_posterior_file_is_refused_for_a_task_with_another_simulator(task, tmp_path):
+    """Same name, prior and mechanism, the simulator shifted: refused as checkpoints refuse it (the file
+    records two parameters and their summaries under a fixed seed); the same simulator loads."""
+    path = tmp_path / "p.pt"
+    _random_flow_posterior(task, amortized=True).save(path)
+    shifted = dataclasses.replace(
+        task, simulator=lambda theta, generator=None: task.simulator(theta, generator) + 1.0
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(str(path))} was simulated by another simulator: .*load it with the task",
+    ):
+        load_posterior(path, task=shifted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_posterior(path, task=task)
+
+
+def test_a_simulator_that_ignores_its_seed_loads_with_a_warning(task, tmp_path):
+    noisy = dataclasses.replace(
+        task, simulator=lambda theta, generator=None: theta + torch.randn(theta.shape)
+    )
+    path = tmp_path / "p.pt"
+    _random_flow_posterior(noisy, amortized=True).save(path)
+    with pytest.warns(
+        UserWarning, match=r"does not reproduce its output .* cannot check that .*p\.pt was simulated by it"
+    ):
+        load_posterior(path, task=noisy)
+
+
+def test_a_posterior_file_written_before_simulator_probes_loads_with_a_warning(task, tmp_path):
+    path = tmp_path / "p.pt"
+    post = _random_flow_posterior(task, amortized=True)
+    post.save(path)
+    payload = load_sealed(path, "test file")
+    meta = json.loads(payload["meta"])
+    del meta["simulator"]
+    save_sealed({**payload, "meta": json.dumps(meta)}, path)
+    with pytest.warns(UserWarning, match=r"written before posterior files recorded the simulator") as caught:
+        loaded = load_posterior(path)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert torch.equal(loaded.sample((3,), seed=0), post.sample((3,), seed=0))
+
+
 def test_a_changed_registered_task_definition_is_caught(task, tmp_path, monkeypatch):
     path = tmp_path / "p.pt"
     _random_flow_posterior(task, amortized=True).save(path)
@@ -405,3 +450,45 @@ def test_map_finds_the_trained_posteriors_own_mode(posteriors, task, kind):
     assert post.log_prob(mode[None]).item() >= values.max().item() - 1e-4
     quick = dict(num_init=50, num_to_optimize=2, steps=3, seed=1)
     assert torch.equal(post.map(**quick), post.map(**quick))  # seeded
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            lambda post: post.sample((-5,)),
+            r"sample_shape must be a tuple of integers >= 0, e\.g\. \(2000,\), got \(-5,\)",
+        ),
+        (lambda post: post.sample((2.5,)), r"sample_shape must be .*got \(2\.5,\)"),
+        (lambda post: post.sample_batched((-1,), y=RELEASES), r"sample_shape must be .*got \(-1,\)"),
+        (lambda post: post.sample((3,), seed=-1), r"seed must be an integer from 0 to 2\*\*63 - 1, got -1"),
+        (
+            lambda post: post.log_prob(torch.tensor([[0.0, 0.0], [math.nan, 0.0]])),
+            r"theta holds NaN at index \[1\]",
+        ),
+    ],
+    ids=["negative-shape", "float-shape", "batched-shape", "negative-seed", "nan-theta"],
+)
+def test_bad_arguments_of_a_posterior_are_refused_in_one_line(task, call, match):
+    """Raw torch errors (and log_prob -inf for a NaN parameter, which sbi also returns) before."""
+    with pytest.raises(ValueError, match=match) as refused:
+        call(_random_flow_posterior(task, amortized=False))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_sample_shape_may_be_one_integer_or_hold_a_zero(task):
+    post = _random_flow_posterior(task, amortized=False)
+    assert torch.equal(post.sample(3, seed=0), post.sample((3,), seed=0))
+    assert post.sample((0,)).shape == (0, 2) and post.sample_batched((2, 0), y=RELEASES).shape == (2, 0, 3, 2)
+
+
+def test_an_epsilon_that_is_not_a_number_is_a_type_error_naming_it(task):
+    with pytest.raises(TypeError, match=r"epsilon must be a number or a tensor of numbers, got '1' \(str\)"):
+        _random_flow_posterior(task, amortized=False).sample((3,), epsilon="1")
+    for name in (
+        "conjugate_gaussian",
+        "census_table",
+        "regression",
+    ):  # census_table accepted it, others failed in arithmetic
+        with pytest.raises(TypeError, match=rf"task '{name}': epsilon must be a number, got '1' \(str\)"):
+            dpsbi.tasks.load(name, epsilon="1")

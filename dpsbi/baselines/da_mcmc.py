@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..diagnostics import chain_diagnostics
 from ..mechanisms import Mechanism
+from ..seeds import check_seed
 from ..tasks import Task
 from .exact_abc import target_release
 from .records import RecordModel, record_model
@@ -58,7 +59,7 @@ def da_mcmc(
         )
     model = record_model(task) if records is None else records
     if generator is None:
-        generator = torch.Generator(y.device).manual_seed(seed) if seed is not None else None
+        generator = torch.Generator(y.device).manual_seed(check_seed(seed)) if seed is not None else None
 
     theta = model.prior_sample(task.prior.mean.expand(num_chains, -1).to(y), generator)
     state = model.sample(theta, generator)

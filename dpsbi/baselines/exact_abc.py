@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
+from ..seeds import check_seed
 from ..tasks import Task
 from .result import BaselineResult
 
@@ -28,12 +29,13 @@ class SimulationBudgetExceeded(RuntimeError):
 @contextmanager
 def seeded(seed: int | None) -> Iterator[None]:
     """Run the block with torch's global RNG seeded by ``seed`` (priors' ``.sample`` draws from it) and
-    restore the caller's RNG state afterwards; with ``seed=None`` the block uses the RNG as it is."""
+    restore the caller's RNG state afterwards; with ``seed=None`` the block uses the RNG as it is. A seed that is
+    not an integer in ``[0, 2**63 - 1]`` is refused before the block runs."""
     if seed is None:
         yield
         return
     with torch.random.fork_rng():
-        torch.manual_seed(seed)
+        torch.manual_seed(check_seed(seed))
         yield
 
 

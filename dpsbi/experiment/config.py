@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import tasks
 from ..inference.training import DEVICE_FIELDS
+from ..seeds import check_seed
 from ..tasks import Task
 from . import methods
 from .methods import Method
@@ -205,6 +206,10 @@ def plan(cfg: DictConfig) -> Plan:
     """Check a composed config and build its task and methods, validating every method's settings; raises
     :class:`ConfigError` naming the problem, before any simulation."""
     _check_evaluation(cfg)
+    try:
+        check_seed(cfg.seed)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     trainer, threads = _trainer(cfg)
     budget = _budget(cfg)
     unknown = set(_container(cfg.get("method_settings", {}))) - set(methods.METHODS)

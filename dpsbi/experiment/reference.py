@@ -33,6 +33,7 @@ from torch.distributions import (
 
 from ..files import CorruptFileError, atomic_write_text, exclusive, load_sealed, save_sealed
 from ..tasks import Task
+from ..tasks.identity import model_key
 from . import stored_references
 from .methods import baseline_draws
 
@@ -376,7 +377,8 @@ def reference_posterior(
     """Reference draws ``(num_samples, dim_theta)`` at ``task.y_obs`` by ``method`` (one of :data:`KINDS`).
 
     Sampled references are cached under ``cache_dir/<task>/eps<epsilon>/<hash>.pt``, the hash covering the
-    task config, the release, ``method``, ``num_samples``, ``seed`` and ``settings`` (``pilot_simulations``,
+    task config, the prior and the simulator (:func:`~dpsbi.tasks.identity.model_key`: a changed model under the
+    same name never reuses an old reference), the release, ``method``, ``num_samples``, ``seed`` and ``settings`` (``pilot_simulations``,
     ``max_simulations``, ``importance_particles``, ``importance_draws``); a later call with the same key loads
     them, a concurrent one waits for them (see :func:`_cached` for damaged entries and unwritable caches).
     """
@@ -424,6 +426,7 @@ def reference_posterior(
     if not cache_dir:
         return compute()
     key = {
+        "model": model_key(task),
         "y_obs": [round(v, 12) for v in task.y_obs.reshape(-1).tolist()],
         "method": method,
         "num_samples": num_samples,

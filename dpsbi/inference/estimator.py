@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 
 from ..files import exclusive
 from ..mechanisms.epsilon import at_epsilons, epsilon_range_problem, log_uniform, nominal_epsilon
+from ..seeds import check_seed
 from ..tasks import Task
-from ..tasks.identity import identity
+from ..tasks.identity import check_simulator, identity, simulator_probe
 from . import checkpoint
 from .flows import ConditionalFlow, FlowSettings
 from .losses import with_log_epsilon
@@ -248,7 +249,7 @@ class SequentialEstimator(abc.ABC):
         self.task, self.space = task, ParameterSpace(task)
         self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
         self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
-        self.flow_settings, self.seed = FlowSettings.coerce(flow), int(seed)
+        self.flow_settings, self.seed = FlowSettings.coerce(flow), check_seed(seed)
         self.checkpoint_path = checkpoint.path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress, self.on_round_end = bool(progress), on_round_end
         self.flow: ConditionalFlow | None = None
@@ -637,7 +638,8 @@ class SequentialEstimator(abc.ABC):
     # ---- checkpoints --------------------------------------------------------------------------------
     def fingerprint(self) -> dict:
         """Everything that determines the run's result (JSON-able); a checkpoint must match it to resume.
-        The simulator cannot be written down: :meth:`_check_simulator` re-simulates stored rows instead."""
+        The simulator cannot be written down: resuming re-simulates stored rows instead
+        (:func:`~dpsbi.tasks.identity.check_simulator`)."""
         task = {**identity(self.task), "spec": task_spec(self.task)}
         task["y_obs"] = None if self.task.y_obs is None else self.task.y_obs.tolist()
         return {
@@ -659,21 +661,11 @@ class SequentialEstimator(abc.ABC):
             **self.options(),
         }
 
-    def _probe(self, theta: Tensor) -> Tensor:
-        """Summaries of the stored parameters ``theta (PROBE_ROWS, dim_theta)`` under the run's probe seed."""
-        generator = torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, "probe"))
-        return self.task.simulate(theta, generator)
-
     def _save_checkpoint(self) -> None:
         if self.checkpoint_path is None:
             return
         if self.probe is None:  # empty for a task without a simulator (all simulations appended)
-            theta = self.data["theta"][:PROBE_ROWS]
-            self.probe = (
-                {"theta": theta.cpu(), "s": self._probe(theta).cpu()}
-                if self.task.simulator is not None
-                else {}
-            )
+            self.probe = simulator_probe(self.task, self.data["theta"][:PROBE_ROWS], self._probe_seed)
         checkpoint.write(
             self.checkpoint_path, self.fingerprint(), self.history, self.flow, self.data, self.probe
         )
@@ -699,7 +691,14 @@ class SequentialEstimator(abc.ABC):
             )
         self.probe = payload["probe"]
         if self.probe and self.task.simulator is not None:
-            self._check_simulator(self.probe["theta"], self.probe["s"])
+            check_simulator(
+                self.task,
+                self.probe["theta"],
+                self.probe["s"],
+                self._probe_seed,
+                str(path),
+                "use another checkpoint_dir",
+            )
         self.data, self.history = payload["data"], history
         self.flow = ConditionalFlow.blank(self.flow_settings, *payload["flow_shape"])
         self.flow.load_state_dict(payload["flow"])
@@ -707,23 +706,10 @@ class SequentialEstimator(abc.ABC):
         self.flow.to(training_device(self.training))
         return len(history)
 
-    def _check_simulator(self, theta: Tensor, s: Tensor) -> None:
-        """Re-simulate the stored ``theta`` with the probe seed: refuse if the summaries differ from the stored
-        ``s`` while the simulator is reproducible (it changed); warn if it is not reproducible from its seed."""
-        again = self._probe(theta)
-        if torch.allclose(again, s.to(again), rtol=1e-4, atol=1e-6):
-            return
-        if not torch.allclose(self._probe(theta), again, rtol=1e-4, atol=1e-6):
-            warnings.warn(
-                f"task {self.task.name!r}: the simulator does not reproduce its output from the generator it is given, "
-                f"so resuming from {self.checkpoint_path} cannot check that it is unchanged (and reruns are not reproducible)",
-                stacklevel=3,
-            )
-            return
-        raise ValueError(
-            f"{self.checkpoint_path} was simulated by another simulator: at theta={theta[0].tolist()} the stored summary is "
-            f"{s[0].tolist()} but task {self.task.name!r} now gives {again[0].tolist()}; use another checkpoint_dir"
-        )
+    @property
+    def _probe_seed(self) -> int:
+        """The seed of the checkpoint's simulator probe, derived from the run's seed."""
+        return derive_seed(self.seed, "probe")
 
     def _posterior_flow(self) -> ConditionalFlow:
         return copy.deepcopy(self.flow).eval()

@@ -7,6 +7,7 @@ import abc
 import contextlib
 import dataclasses
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from .. import tasks
 from ..mechanisms.epsilon import epsilons, nominal_epsilon
 from ..qmc import cell_points
 from ..tasks import Task
-from ..tasks.identity import identity
+from ..tasks.identity import identity, simulator_probe
 from . import posterior_file
 from .flows import ConditionalFlow, FlowSettings
 from .losses import dequantized, with_log_epsilon
@@ -35,7 +36,8 @@ class Posterior(abc.ABC):
     """A posterior over a task's parameters given releases ``y``, built on a trained conditional flow.
 
     ``sample(sample_shape, y=None, generator=None, seed=None)`` returns parameters in the prior's space,
-    shape ``sample_shape + (dim_theta,)``; ``log_prob(theta, y=None)`` returns ``theta.shape[:-1]``;
+    shape ``sample_shape + (dim_theta,)`` (``sample_shape``: a tuple of integers >= 0, or one integer ``n`` for
+    ``(n,)``); ``log_prob(theta, y=None)`` returns ``theta.shape[:-1]`` (NaN parameters are refused);
     ``sample_batched`` and ``log_prob_batched`` do the same for a batch of releases ``(B, dim_s)`` and
     ``map`` finds the mode. ``y`` defaults to the release set by :meth:`set_default_x`, else ``task.y_obs``;
     every release is validated with ``task.check_release``. Results live on the flow's device.
@@ -113,9 +115,10 @@ class Posterior(abc.ABC):
         """Draws ``sample_shape + (dim_theta,)`` at release ``y`` (``(dim_s,)`` or ``(1, dim_s)``) and ``epsilon``
         (class docstring); ``seed`` or ``generator`` fix them. Raises ``RuntimeError`` rather than return a
         NaN/inf draw. ``x`` and the other keywords: sbi's (class docstring)."""
+        shape = _sample_shape(sample_shape)
         y = self._conditions(_release_or_x(y, x, "sample"), epsilon, single=True)
         with self._progress_bars(show_progress_bars):
-            return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))[..., 0, :]
+            return self._draw(shape, y, self._noise_generator(generator, seed))[..., 0, :]
 
     @torch.no_grad()
     def sample_batched(
@@ -138,9 +141,10 @@ class Posterior(abc.ABC):
         :class:`FlowPosterior` maps all of them in one vectorized flow pass (in chunks of :data:`CHUNK_ROWS`
         flow rows); a :class:`LikelihoodPosterior` runs one MCMC per release (a loop). sbi's keywords: class
         docstring."""
+        shape = _sample_shape(sample_shape)
         y = self._conditions(_release_or_x(y, x, "sample_batched", required=True), epsilon, single=False)
         with self._progress_bars(show_progress_bars):
-            return self._draw(torch.Size(sample_shape), y, self._noise_generator(generator, seed))
+            return self._draw(shape, y, self._noise_generator(generator, seed))
 
     @torch.no_grad()
     def log_prob(
@@ -256,6 +260,8 @@ class Posterior(abc.ABC):
 
     def _draw(self, shape: torch.Size, y: Tensor, generator: torch.Generator | None) -> Tensor:
         """Draws ``shape + (B, dim_theta)`` at the checked releases ``y (B, dim_s)``, refused if any is NaN/inf."""
+        if shape.numel() == 0:
+            return torch.empty(shape + (y.shape[0], self.task.dim_theta), device=self.space.device)
         z = self._sample_z(shape.numel(), y, generator)
         return self._finite(self.space.to_theta(z).reshape(shape + (y.shape[0], self.task.dim_theta)))
 
@@ -357,10 +363,18 @@ class Posterior(abc.ABC):
         return {} if self.epsilon_range is None else {"epsilon_range": list(self.epsilon_range)}
 
     def _check_theta(self, theta: Tensor) -> tuple[Tensor, Tensor]:
-        """``theta`` as a float tensor on the flow's device and a mask of rows inside the prior's support."""
+        """``theta`` as a float tensor on the flow's device and a mask of rows inside the prior's support; a
+        ``ValueError`` for the wrong last dimension or a NaN."""
         theta = torch.as_tensor(theta, dtype=torch.get_default_dtype()).to(self.device)
         if theta.ndim == 0 or theta.shape[-1] != self.task.dim_theta:
             raise ValueError(f"theta must have shape (..., {self.task.dim_theta}), got {tuple(theta.shape)}")
+        nan = torch.isnan(theta).any(-1)
+        if nan.any():
+            where = nan.nonzero()[0].tolist()
+            raise ValueError(
+                f"theta holds NaN at index {where}: {theta[tuple(where)].tolist()}; a density needs parameter values, "
+                "drop or fill those rows"
+            )
         inside = self.task.prior.support.check(theta.to(self.space.device)).to(self.device)
         return theta, inside.all(-1) if inside.ndim == theta.ndim else inside
 
@@ -403,6 +417,7 @@ class Posterior(abc.ABC):
             "method": self.method,
             "task": posterior_file.task_spec(self.task),
             "identity": identity(self.task),
+            "simulator": {k: v.tolist() for k, v in simulator_probe(self.task).items()},
             "y_obs": None if self.task.y_obs is None else self.task.y_obs.tolist(),
             "default_x": None if self._default_x is None else self._default_x.tolist(),
             "default_epsilon": self._default_epsilon,
@@ -615,6 +630,22 @@ def _release_or_x(y, x, method: str, required: bool = False):
     return y if x is None else x
 
 
+def _sample_shape(sample_shape) -> torch.Size:
+    """``sample_shape`` (a tuple of integers >= 0, or one integer ``n`` for ``(n,)``) as a ``torch.Size``, or a
+    ``ValueError`` naming it."""
+
+    def count(d) -> bool:
+        return isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0
+
+    try:
+        dims = (sample_shape,) if count(sample_shape) else tuple(sample_shape)
+    except TypeError:
+        dims = None
+    if dims is None or not all(count(d) for d in dims):
+        raise ValueError(f"sample_shape must be a tuple of integers >= 0, e.g. (2000,), got {sample_shape!r}")
+    return torch.Size(int(d) for d in dims)
+
+
 def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> Tensor:
     """``fn`` applied to ``rows (n, ...)`` in chunks, the results ``(chunk, ...)`` concatenated to ``(n, ...)``.
     A row stands for ``width`` flow rows (one per release), so a chunk holds at most ``max(CHUNK_ROWS, width)``
@@ -629,7 +660,8 @@ def load_posterior(
     default device). Only tensors and plain containers are read (``weights_only=True``), and only from an
     intact file (checksum). The task is rebuilt from its recorded name and arguments unless ``task`` is
     given; either way its model must match the one recorded in the file, or a ``ValueError`` names every
-    differing field. A release set by ``set_default_x`` and an epsilon set by ``set_default_epsilon`` before saving
+    differing field, and its simulator must reproduce the recorded probe (``"was simulated by another
+    simulator"``; a file written before the probe was recorded loads with a warning). A release set by ``set_default_x`` and an epsilon set by ``set_default_epsilon`` before saving
     are the defaults again."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     meta, state = posterior_file.read(path, device, _KINDS)
@@ -642,6 +674,7 @@ def load_posterior(
         task = tasks.load(meta["task"]["name"], **meta["task"]["kwargs"])
         which = "the task as dpsbi.tasks.load builds it now"
     posterior_file.check_identity(path, meta["identity"], task, which)
+    posterior_file.check_simulator(path, meta.get("simulator"), task)
     if meta["y_obs"] is not None:
         task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
     spec = meta["flow"]

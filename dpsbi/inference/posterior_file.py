@@ -1,24 +1,28 @@
 """The posterior file format (version 2): a sealed ``torch.save`` dict (:func:`dpsbi.files.save_sealed`: its
 content carries a SHA-256 checksum) of ``format``, ``version``, the flow's ``state_dict`` and JSON ``meta``:
 ``kind`` (``flow`` | ``likelihood``), ``method``, ``task`` (name and keyword arguments for
-:func:`dpsbi.tasks.load`, or ``None``), ``identity`` (:func:`dpsbi.tasks.identity.identity`), ``y_obs``,
+:func:`dpsbi.tasks.load`, or ``None``), ``identity`` (:func:`dpsbi.tasks.identity.identity`), ``simulator``
+(:func:`dpsbi.tasks.identity.simulator_probe` as lists; files without it load with a warning), ``y_obs``,
 ``default_x`` (the release set by ``set_default_x``; optional, files without it load as before), ``flow``
 (config, dim, context_dim) and ``options`` (the posterior class's keywords, e.g. ``amortized``,
 ``epsilon_range``). Reading refuses, with a ``ValueError`` naming the file, anything damaged, of another format
-version, of an unknown kind, with non-finite weights, or made for another model than the task it is loaded with.
+version, of an unknown kind, with non-finite weights, or made for another model (or simulator) than the task it
+is loaded with.
 The posterior classes (:mod:`dpsbi.inference.posterior`) build the metadata and rebuild themselves from it."""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Collection
 
 import torch
 
 from ..files import CorruptFileError, load_sealed, save_sealed
 from ..tasks import Task
-from ..tasks.identity import differences, identity
+from ..tasks.identity import SIMULATOR_PROBE_SEED, differences, identity
+from ..tasks.identity import check_simulator as check_probe
 
 FORMAT = "dpsbi-posterior"
 VERSION = 2
@@ -117,3 +121,20 @@ def check_identity(path: str | os.PathLike, stored: dict, task: Task, which: str
             f"{path} was trained for another model than {which}; refusing it. Differences (stored vs now): "
             + "; ".join(found)
         )
+
+
+def check_simulator(path: str | os.PathLike, probe: dict | None, task: Task) -> None:
+    """Refuse ``task`` if its simulator does not reproduce the ``probe`` recorded in the posterior file at
+    ``path`` (``{"theta", "s"}`` as lists; ``{}`` when the task had no simulator, nothing to check); ``None``
+    (a file written before probes were recorded) only warns that the simulator could not be checked."""
+    if probe is None:
+        warnings.warn(
+            f"{path} was written before posterior files recorded the simulator: dpsbi cannot check that task "
+            f"{task.name!r} has the simulator it was trained with (save it again to record it)",
+            stacklevel=3,
+        )
+        return
+    if not probe or task.simulator is None:
+        return
+    theta, s = (torch.tensor(probe[k], dtype=torch.get_default_dtype()) for k in ("theta", "s"))
+    check_probe(task, theta, s, SIMULATOR_PROBE_SEED, str(path), "load it with the task it was trained for")

@@ -7,6 +7,8 @@ import zlib
 import numpy as np
 import torch
 
+from ..seeds import check_seed
+
 
 def derive_seed(seed: int, *keys: int | str) -> int:
     """A 63-bit seed for the stream named by ``keys`` (e.g. ``(round, "simulate")``), independent of the
@@ -22,8 +24,8 @@ def make_generator(
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
 ) -> torch.Generator | None:
-    """``generator`` if given, else a new generator on ``device`` seeded with ``seed``, else ``None``
-    (torch's global random stream)."""
+    """``generator`` if given, else a new generator on ``device`` seeded with ``seed`` (checked:
+    :func:`~dpsbi.seeds.check_seed`), else ``None`` (torch's global random stream)."""
     if generator is not None:
         if seed is not None:
             raise ValueError("pass either generator or seed, not both")
@@ -31,7 +33,7 @@ def make_generator(
     if seed is None:
         return None
     return torch.Generator(device=device if device is not None else torch.get_default_device()).manual_seed(
-        int(seed)
+        check_seed(seed)
     )
 
 

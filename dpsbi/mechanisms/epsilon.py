@@ -23,11 +23,20 @@ from .base import Mechanism
 
 
 def epsilons(epsilon) -> Tensor:
-    """``epsilon`` as a floating tensor of finite positive values, or a ``ValueError``. The values are read on
-    the host only for a tensor on the CPU outside ``torch.compile``: a training step re-calibrates the mechanism
-    at its rows' epsilons on the device without waiting for it (those were drawn inside the estimator's range;
-    a posterior checks the epsilons it is given against its own range first)."""
-    eps = torch.as_tensor(epsilon)
+    """``epsilon`` as a floating tensor of finite positive values; a ``TypeError`` for what is not numbers (a
+    string, a bool), a ``ValueError`` for values that are not finite and > 0. The values are read on the host
+    only for a tensor on the CPU outside ``torch.compile``: a training step re-calibrates the mechanism at its
+    rows' epsilons on the device without waiting for it (those were drawn inside the estimator's range; a
+    posterior checks the epsilons it is given against its own range first)."""
+    try:
+        eps = torch.as_tensor(epsilon)
+    except (TypeError, ValueError, RuntimeError):
+        eps = None
+    if eps is None or eps.dtype == torch.bool or eps.is_complex():
+        raise TypeError(
+            f"epsilon must be a number or a tensor of numbers, got {epsilon!r} ({type(epsilon).__name__}); "
+            "pass e.g. epsilon=1.0"
+        )
     eps = eps if eps.is_floating_point() else eps.to(torch.get_default_dtype())
     if eps.numel() == 0:
         raise ValueError("epsilon must hold finite numbers > 0, got none")

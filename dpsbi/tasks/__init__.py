@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable
 
 from .base import Task
@@ -29,9 +30,15 @@ def names() -> list[str]:
 
 
 def load(name: str, **kwargs) -> Task:
-    """Build task ``name``; keyword arguments (``epsilon``, ``y_obs``, ``seed``, constants) go to its factory."""
+    """Build task ``name``; keyword arguments (``epsilon``, ``y_obs``, ``seed``, constants) go to its factory.
+    An ``epsilon`` that is not a number (``'1'``) is a ``TypeError`` naming it, before the factory runs."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(names())}")
+    epsilon = kwargs.get("epsilon")
+    if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real)):
+        raise TypeError(
+            f"task {name!r}: epsilon must be a number, got {epsilon!r} ({type(epsilon).__name__}); pass e.g. epsilon=1.0"
+        )
     try:
         task = _REGISTRY[name](**kwargs)
     except TypeError as error:  # an unknown keyword: name it with the task

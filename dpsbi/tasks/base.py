@@ -16,6 +16,10 @@ from ..mechanisms import Mechanism
 from ..mechanisms.base import check_exact_integers
 
 Simulator = Callable[[Tensor, "torch.Generator | None"], Tensor]
+#: Prior draws on which a task's prior and transform are checked at construction (:func:`prior_problem`).
+PRIOR_CHECK_DRAWS = 256
+#: Seed of those draws (torch's global streams are restored after them).
+PRIOR_CHECK_SEED = 20261125
 
 
 @dataclass
@@ -59,7 +63,7 @@ class Task:
             self.y_obs = self.check_release(self.y_obs).to(self.mechanism.dtype)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the problem if the prior, the mechanism, ``y_obs`` or ``true_theta``
+        """Raise ``ValueError`` naming the problem if the prior (see :func:`prior_problem`), the mechanism, ``y_obs`` or ``true_theta``
         cannot be used (shapes, support, finiteness), if ``parameter_names`` are not one distinct string per
         coordinate, or if ``epsilon`` is not the mechanism's; called at construction and by the estimators.
 
@@ -89,6 +93,9 @@ class Task:
             raise ValueError(
                 f"task {self.name!r}: the prior must be over vectors (event shape (d,)), got {tuple(self.prior.event_shape)}"
             )
+        problem = prior_problem(self.prior, self.transform)
+        if problem:
+            raise ValueError(f"task {self.name!r}: {problem}")
         names, d = self.parameter_names, self.dim_theta
         if len(names) != d or not all(isinstance(n, str) for n in names) or len(set(names)) != d:
             raise ValueError(
@@ -209,6 +216,59 @@ class Task:
             f"Task({self.name!r}, epsilon={self.epsilon:g}, dim_theta={self.dim_theta}, dim_s={self.dim_s}, "
             f"mechanism={self.mechanism!r})"
         )
+
+
+def prior_problem(prior: Distribution, transform: Transform) -> str | None:
+    """Why ``prior`` and its ``transform`` (from the unconstrained space onto its support) cannot serve a task,
+    or ``None``: a discrete support (the flows need a continuous prior), or, on :data:`PRIOR_CHECK_DRAWS` of
+    the prior's own draws under :data:`PRIOR_CHECK_SEED`, a log density that is NaN or infinite, or a draw
+    that ``transform.inv`` and ``transform`` do not map back and forth finitely. Names the prior and the
+    first failing draw; torch's global random streams are left as they were."""
+    name = type(prior).__name__
+    discrete = discrete_prior_problem(prior)
+    if discrete:
+        return discrete
+    device = prior_device(prior)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(PRIOR_CHECK_SEED)
+        theta = prior.sample((PRIOR_CHECK_DRAWS,))
+    log_prob = prior.log_prob(theta)
+    bad = ~torch.isfinite(log_prob)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        return (
+            f"the prior {name}'s log_prob is {float(log_prob[row])} at its own draw theta={theta[row].tolist()}; "
+            "fix the prior so that its log density is finite wherever it draws"
+        )
+    z = transform.inv(theta)
+    back = transform(z)
+    lost = ~(torch.isfinite(z).all(-1) & torch.isclose(back, theta, rtol=1e-3, atol=1e-5).all(-1))
+    if lost.any():
+        row = int(lost.nonzero()[0])
+        return (
+            f"transform {transform} does not map transform.inv(theta) back to theta for the prior draw "
+            f"{theta[row].tolist()} of {name} (z={z[row].tolist()}, back to {back[row].tolist()}): the prior's support is "
+            "larger than the transform's image"
+        )
+    return None
+
+
+def discrete_prior_problem(prior: Distribution) -> str | None:
+    """Why a discrete ``prior`` cannot serve a task (``None`` for a continuous one)."""
+    if not prior.support.is_discrete:
+        return None
+    return (
+        f"the prior {type(prior).__name__} is discrete (support {prior.support}); dpsbi fits continuous "
+        "densities: use a continuous prior (e.g. dpsbi.tasks.box or normal) and round inside the simulator"
+    )
+
+
+def prior_device(prior: Distribution) -> torch.device:
+    """The device of the prior's draws (its mean's; the CPU when it has none)."""
+    try:
+        return prior.mean.device
+    except NotImplementedError:
+        return torch.device("cpu")
 
 
 def release_tensor(y, dim: int, what: str = "release", dtype: torch.dtype | None = None) -> Tensor:

@@ -55,7 +55,7 @@ from torch.distributions import Distribution, Independent, Normal, Transform, Un
 from ..mechanisms import Mechanism
 from ..mechanisms.base import check_exact_integers
 from . import register
-from .base import Task, as_summary
+from .base import Task, as_summary, discrete_prior_problem, prior_problem
 
 Backend = Literal["torch", "numpy"]
 BACKENDS = ("torch", "numpy")
@@ -281,8 +281,8 @@ def from_simulator(
       (simulation studies); ``parameter_names``: one per coordinate (default ``theta_1..theta_d``).
 
     Every input is checked at once and a ``ValueError`` lists each problem on its own line: a release of
-    the wrong length, with NaN/inf or outside the mechanism's support; a prior that is not over vectors; a
-    transform whose image is not the prior's support; a ``true_theta`` outside it; a simulator that fails
+    the wrong length, with NaN/inf or outside the mechanism's support; a prior that is not over vectors, is
+    discrete, or whose log density is NaN/inf at one of its own draws; a transform whose image is not the prior's support; a ``true_theta`` outside it; a simulator that fails
     or returns the wrong shape or NaN/inf on :data:`PROBE_ROWS` prior draws. A simulator that does not
     reproduce its output from the same generator gets a warning (seeded runs and resumed checkpoints
     then cannot be reproduced). A posterior saved for this task loads with ``load_posterior(path, task=task)``.
@@ -395,6 +395,9 @@ def _prior_problems(prior) -> list[str]:
         return [
             f"prior must be a torch Distribution (dpsbi.tasks.box and normal build common ones), got {type(prior).__name__}"
         ]
+    discrete = discrete_prior_problem(prior)
+    if discrete:
+        return [discrete]
     if len(prior.event_shape) != 1:
         return [
             f"prior must be over vectors (event shape (d,)), got event shape {tuple(prior.event_shape)}; "
@@ -477,7 +480,8 @@ def _theta(true_theta, prior: Distribution) -> tuple[Tensor | None, str | None]:
 
 def _transform_problems(transform, prior: Distribution) -> list[str]:
     """Problems of ``transform`` as a bijection from ``R^k`` onto the prior's support, found on
-    :data:`TRANSFORM_PROBES` standard-normal points and as many prior draws."""
+    :data:`TRANSFORM_PROBES` standard-normal points, and of the prior with it on its own draws
+    (:func:`~dpsbi.tasks.base.prior_problem`: a log density that is not finite, a draw not mapped back)."""
     if not isinstance(transform, Transform):
         return [
             f"transform must be a torch.distributions Transform from R^k onto the prior's support, got {type(transform).__name__}"
@@ -497,19 +501,15 @@ def _transform_problems(transform, prior: Distribution) -> list[str]:
             return [
                 f"transform {transform} maps z={_show(z[outside][0])} to {_show(image[outside][0])}, outside the prior's support {prior.support}: its image is not the support"
             ]
-        theta = prior.sample((TRANSFORM_PROBES,))
-        z = transform.inv(theta)
-        again = transform(z)
-        lost = ~(torch.isfinite(z).all(-1) & torch.isclose(again, theta, rtol=1e-3, atol=1e-5).all(-1))
-        if lost.any():
-            row = int(lost.nonzero()[0])
-            return [
-                f"transform {transform} does not map transform.inv(theta) back to theta for the prior draw {_show(theta[row])} "
-                f"(z={_show(z[row])}, back to {_show(again[row])}): the prior's support is larger than the transform's image"
-            ]
     except Exception as error:  # a user's transform may fail in any way: report it as one line
         return [f"transform {transform} fails on probe points: {type(error).__name__}: {error}"]
-    return []
+    try:
+        problem = prior_problem(prior, transform)
+    except Exception as error:  # a user's prior or transform may fail in any way: one line
+        return [
+            f"the prior {type(prior).__name__} or transform {transform} fails on the prior's own draws: {type(error).__name__}: {error}"
+        ]
+    return [problem] if problem else []
 
 
 def _names_problems(names: list, d: int) -> list[str]:

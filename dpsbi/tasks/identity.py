@@ -4,21 +4,33 @@
 parameters, and the prior and bijection by their values at fixed seeded draws (two priors that differ
 anywhere near their draws give different numbers). :func:`differences` compares two such descriptions
 with a tolerance for float round-off and names every field that differs, with both values.
+
+The simulator cannot be written down: :func:`simulator_probe` records a few parameters and their summaries
+simulated under a fixed seed, and :func:`check_simulator` re-simulates them to refuse a file made by another
+simulator (checkpoints, posterior files); :func:`model_key` joins prior and simulator for cache keys.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import warnings
 
 import torch
+from torch import Tensor
 
 from ..mechanisms import Mechanism
-from .base import Task
+from .base import Task, prior_device
 
 #: Number of seeded prior draws in a task's identity.
 PROBE_DRAWS = 4
 #: Relative tolerance of :func:`differences` on numbers (float32 round-off, not model changes).
 RTOL = 1e-4
+#: Parameters simulated in a probe of the simulator (:func:`simulator_probe`).
+SIMULATOR_PROBE_ROWS = 2
+#: Seed of the probe in posterior files and reference cache keys (checkpoints derive theirs from the run's seed).
+SIMULATOR_PROBE_SEED = 20261126
 
 
 def mechanism_identity(mechanism: Mechanism) -> dict:
@@ -34,7 +46,7 @@ def mechanism_identity(mechanism: Mechanism) -> dict:
 def prior_identity(task: Task) -> dict:
     """The prior's type, ``PROBE_DRAWS`` draws from it under a fixed seed, their log densities and their
     images in the unconstrained space (which fingerprint the bijection)."""
-    device = task.prior.mean.device if _has_mean(task.prior) else torch.device("cpu")
+    device = prior_device(task.prior)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(20261123)
         theta = task.prior.sample((PROBE_DRAWS,))
@@ -56,6 +68,64 @@ def identity(task: Task) -> dict:
         "mechanism": mechanism_identity(task.mechanism),
         "prior": prior_identity(task),
     }
+
+
+def probe_theta(task: Task) -> Tensor:
+    """The first :data:`SIMULATOR_PROBE_ROWS` of the prior's identity draws, ``(rows, dim_theta)``."""
+    draws = prior_identity(task)["draws"][:SIMULATOR_PROBE_ROWS]
+    return torch.tensor(draws, dtype=torch.get_default_dtype(), device=prior_device(task.prior))
+
+
+def simulate_probe(task: Task, theta: Tensor, seed: int) -> Tensor:
+    """Summaries ``(n, input_dim)`` of ``theta (n, dim_theta)`` simulated with a generator seeded by ``seed``."""
+    return task.simulate(theta, torch.Generator(device=theta.device).manual_seed(seed))
+
+
+def simulator_probe(task: Task, theta: Tensor | None = None, seed: int = SIMULATOR_PROBE_SEED) -> dict:
+    """``{"theta", "s"}`` (CPU tensors): ``theta`` (default :func:`probe_theta`) and its summaries under
+    ``seed``; ``{}`` for a task without a simulator."""
+    if task.simulator is None:
+        return {}
+    theta = probe_theta(task) if theta is None else theta
+    return {"theta": theta.cpu(), "s": simulate_probe(task, theta, seed).cpu()}
+
+
+def check_simulator(task: Task, theta: Tensor, s: Tensor, seed: int, where: str, fix: str) -> None:
+    """Re-simulate ``theta`` under ``seed``: a ``ValueError`` ``"{where} was simulated by another simulator ...;
+    {fix}"`` if the summaries differ from the stored ``s`` while the simulator is reproducible (it changed); a
+    warning if it does not reproduce its own output from its seed (then nothing can be checked)."""
+    theta = theta.to(prior_device(task.prior), torch.get_default_dtype())
+    again = simulate_probe(task, theta, seed)
+    if torch.allclose(again, s.to(again), rtol=RTOL, atol=1e-6):
+        return
+    if not torch.allclose(simulate_probe(task, theta, seed), again, rtol=RTOL, atol=1e-6):
+        warnings.warn(
+            f"task {task.name!r}: the simulator does not reproduce its output from the generator it is given, "
+            f"so dpsbi cannot check that {where} was simulated by it (and reruns are not reproducible)",
+            stacklevel=3,
+        )
+        return
+    raise ValueError(
+        f"{where} was simulated by another simulator: at theta={theta[0].tolist()} the stored summary is "
+        f"{s[0].tolist()} but task {task.name!r} now gives {again[0].tolist()}; {fix}"
+    )
+
+
+def model_key(task: Task) -> str:
+    """16 hex digits of a SHA-256 over the prior's identity and the simulator's probe (values to 6 significant
+    digits): it changes when the prior or the simulator does, as a cache key must."""
+    probe = {k: _numbers(v) for k, v in simulator_probe(task).items()}
+    text = json.dumps(_rounded({"prior": prior_identity(task), "simulator": probe}), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _rounded(value):
+    """JSON ``value`` with every float rounded to 6 significant digits (round-off does not change a key)."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return float(f"{value:.6g}") if isinstance(value, float) else value
 
 
 def differences(stored, current, path: str = "") -> list[str]:
@@ -96,10 +166,3 @@ def _short(value) -> str:
 
 def _numbers(t: torch.Tensor) -> list:
     return t.detach().double().cpu().tolist()
-
-
-def _has_mean(prior) -> bool:
-    try:
-        return torch.is_tensor(prior.mean)
-    except NotImplementedError:
-        return False
