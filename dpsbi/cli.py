@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -106,8 +108,11 @@ def read_release(text: str | None = None, path: str | Path | None = None) -> tor
     return release.reshape(1, -1)
 
 
-#: Columns of ``dpsbi-sample --summary``: per release and parameter, the mean, sd and three quantiles.
-SUMMARY_COLUMNS = ("release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5")
+#: Columns of ``dpsbi-sample --summary``: per release and parameter, the mean, sd and three quantiles, and
+#: ``outside_training``: the release's coordinates that lie outside the simulated releases the posterior was
+#: trained on (``jointly: <name>`` when only their combination does; empty inside, or for a posterior file
+#: written before the check: :mod:`dpsbi.inference.release_check`).
+SUMMARY_COLUMNS = ("release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5", "outside_training")
 
 
 def read_releases(path: str | Path, names: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -179,8 +184,9 @@ def _suggest(name: str, allowed: list[str]) -> str:
     return f"{name!r} (names are case-sensitive: {near[0]!r}?)" if near else repr(name)
 
 
-def release_summary(draws: torch.Tensor, names) -> list[dict]:
-    """Rows of :data:`SUMMARY_COLUMNS` for draws ``(n, B, d)``: per release (0-based index) and parameter."""
+def release_summary(draws: torch.Tensor, names, outside: list[str]) -> list[dict]:
+    """Rows of :data:`SUMMARY_COLUMNS` for draws ``(n, B, d)``: per release (0-based index) and parameter;
+    ``outside``: each release's ``outside_training`` flag."""
     x = draws.detach().cpu().double().numpy()
     mean, sd = x.mean(0), x.std(0, ddof=1) if x.shape[0] > 1 else np.zeros(x.shape[1:])
     q = np.quantile(x, [0.025, 0.5, 0.975], axis=0)
@@ -193,6 +199,7 @@ def release_summary(draws: torch.Tensor, names) -> list[dict]:
             "q2.5": float(q[0, b, j]),
             "q50": float(q[1, b, j]),
             "q97.5": float(q[2, b, j]),
+            "outside_training": outside[b],
         }
         for b in range(x.shape[1])
         for j, name in enumerate(names)
@@ -303,9 +310,9 @@ def sample(argv: list[str] | None = None) -> None:
         if y is not None and task is not None:
             y = task.check_release(y)
         posterior = load_posterior(path)
-        draws = (
-            posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon).detach().cpu()
-        )
+        with _outside_training_warned():
+            draws = posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon)
+        draws = draws.detach().cpu()
     except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
     names = (task or posterior.task).parameter_names
@@ -340,9 +347,11 @@ def _sample_releases(args) -> None:
             raise ValueError(f"{args.releases} has an epsilon column: leave --epsilon out")
         epsilon = args.epsilon if epsilon is None else epsilon
         y = task.check_release(y)
-        draws = (
-            posterior.sample_batched((args.num_samples,), y=y, epsilon=epsilon, seed=args.seed).detach().cpu()
-        )
+        with _outside_training_warned(" (column outside_training of the summary)"):
+            draws = posterior.sample_batched((args.num_samples,), y=y, epsilon=epsilon, seed=args.seed)
+        draws = draws.detach().cpu()
+        checked = posterior.training_releases
+        outside = [""] * y.shape[0] if checked is None else checked.flags(y, task.release_names)
     except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
     names = list(task.parameter_names)
@@ -354,7 +363,7 @@ def _sample_releases(args) -> None:
             ["release", "draw", *names],
             ([b, i, *values[i, b].tolist()] for b in range(count) for i in range(args.num_samples)),
         )
-    rows = release_summary(draws, names)
+    rows = release_summary(draws, names, outside)
     if args.summary is not None:
         _write_csv(args.summary, SUMMARY_COLUMNS, ([row[c] for c in SUMMARY_COLUMNS] for row in rows))
     if count <= 10:
@@ -368,6 +377,22 @@ def _sample_releases(args) -> None:
         f"{args.num_samples} draws at each of {count} releases from {path}"
         + (f"; {written}" if written else "")
     )
+
+
+@contextlib.contextmanager
+def _outside_training_warned(note: str = ""):
+    """Within it, a posterior's warning that a release lies outside its training releases is printed once, as
+    one ``dpsbi-sample: warning:`` line on stderr (with ``note``), instead of Python's warning with its source."""
+    from .inference.release_check import ReleaseOutsideTraining
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReleaseOutsideTraining)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, ReleaseOutsideTraining):
+            print(f"dpsbi-sample: warning: {warning.message}{note}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def compare(argv: list[str] | None = None) -> None:

@@ -78,8 +78,11 @@ def test_releases_csv_gives_long_draws_and_a_summary(saved, tmp_path, capsys):
             values[values[:, 0] == b, 2:], expected[:, b].double().numpy(), rtol=1e-5, atol=1e-5
         )
     header, rows = _read(summary_csv)
-    assert header == ["release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5"] and len(rows) == 3 * 2
-    first = {row[1]: [float(v) for v in row[2:]] for row in rows if row[0] == "0"}
+    assert header == list(cli.SUMMARY_COLUMNS) and len(rows) == 3 * 2
+    assert header[-1] == "outside_training" and all(
+        row[-1] == "" for row in rows
+    )  # inside the training cloud
+    first = {row[1]: [float(v) for v in row[2:-1]] for row in rows if row[0] == "0"}
     mean, sd, low, median, high = first["theta_1"]
     column = expected[:, 0, 0].double()
     assert mean == pytest.approx(float(column.mean()), rel=1e-5) and sd == pytest.approx(
