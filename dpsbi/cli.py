@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -106,23 +108,36 @@ def read_release(text: str | None = None, path: str | Path | None = None) -> tor
     return release.reshape(1, -1)
 
 
-#: Columns of ``dpsbi-sample --summary``: per release and parameter, the mean, sd and three quantiles.
-SUMMARY_COLUMNS = ("release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5")
+#: Columns of ``dpsbi-sample --summary``: per release and parameter, the mean, sd and three quantiles, and
+#: ``outside_training``: the release's coordinates that lie outside the simulated releases the posterior was
+#: trained on (``jointly: <name>`` when only their combination does; empty inside, or for a posterior file
+#: written before the check: :mod:`dpsbi.inference.release_check`).
+SUMMARY_COLUMNS = ("release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5", "outside_training")
 
 
-def read_releases(path: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+def read_releases(path: str | Path, names: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Releases ``(B, d)`` and their epsilons ``(B,)`` (``None`` without an ``epsilon`` column) from a CSV whose
-    header names the columns: the release's ``d`` coordinates, in order, and optionally ``epsilon``."""
+    header names its columns: the task's release ``names`` (``task.release_names``, in any order: they are read
+    by name) and optionally ``epsilon``. A file without a header, or with a column missing, unknown (names are
+    case-sensitive), duplicated or empty, is refused in one line naming it and the expected header."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"releases file {path} does not exist")
     with path.open(newline="") as f:
         rows = [row for row in csv.reader(f) if any(cell.strip() for cell in row)]
-    if len(rows) < 2:
-        raise ValueError(f"{path}: a releases CSV needs a header row and at least one release")
+    expected = f"expected the header {','.join(names)} (then optionally ,epsilon), columns in any order"
+    if not rows:
+        raise ValueError(f"{path}: a releases CSV needs a header row and at least one release; {expected}")
     header = [name.strip() for name in rows[0]]
-    if header.count("epsilon") > 1:
-        raise ValueError(f"{path}: more than one epsilon column")
+    if all(_is_number(name) for name in header):
+        raise ValueError(
+            f"{path}: the first row {rows[0]} is numbers, not a header: a header is required; {expected}"
+        )
+    problem = _header_problem(header, names)
+    if problem:
+        raise ValueError(f"{path}: {problem}; {expected}")
+    if len(rows) < 2:
+        raise ValueError(f"{path}: a header and no release; give at least one release a row")
     values = []
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != len(header):
@@ -132,16 +147,46 @@ def read_releases(path: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
         except ValueError:
             raise ValueError(f"{path}, line {line}: a release is numbers, got {row}") from None
     table = torch.tensor(values, dtype=torch.float64)
-    coordinates = [i for i, name in enumerate(header) if name != "epsilon"]
-    if not coordinates:
-        raise ValueError(f"{path}: no release columns, only epsilon")
-    releases = table[:, coordinates].to(torch.get_default_dtype())
+    releases = table[:, [header.index(name) for name in names]].to(torch.get_default_dtype())
     epsilon = table[:, header.index("epsilon")] if "epsilon" in header else None
     return releases, epsilon
 
 
-def release_summary(draws: torch.Tensor, names) -> list[dict]:
-    """Rows of :data:`SUMMARY_COLUMNS` for draws ``(n, B, d)``: per release (0-based index) and parameter."""
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _header_problem(header: list[str], names: list[str]) -> str | None:
+    """What is wrong with a releases CSV's ``header`` for release coordinates ``names``, or ``None``."""
+    allowed = [*names, "epsilon"]
+    duplicated = sorted({name for name in header if header.count(name) > 1})
+    unknown = [_suggest(name, allowed) for name in header if name not in allowed]
+    missing = [name for name in names if name not in header]
+    problems = [
+        f"{label} column{'s' if len(found) > 1 else ''} {', '.join(found)}"
+        for label, found in (
+            ("duplicated", [repr(n) for n in duplicated]),
+            ("unknown", unknown),
+            ("missing", [repr(n) for n in missing]),
+        )
+        if found
+    ]
+    return "; ".join(problems) or None
+
+
+def _suggest(name: str, allowed: list[str]) -> str:
+    """``name`` quoted, with the allowed name it matches but for case, if one does."""
+    near = [a for a in allowed if a.lower() == name.lower()]
+    return f"{name!r} (names are case-sensitive: {near[0]!r}?)" if near else repr(name)
+
+
+def release_summary(draws: torch.Tensor, names, outside: list[str]) -> list[dict]:
+    """Rows of :data:`SUMMARY_COLUMNS` for draws ``(n, B, d)``: per release (0-based index) and parameter;
+    ``outside``: each release's ``outside_training`` flag."""
     x = draws.detach().cpu().double().numpy()
     mean, sd = x.mean(0), x.std(0, ddof=1) if x.shape[0] > 1 else np.zeros(x.shape[1:])
     q = np.quantile(x, [0.025, 0.5, 0.975], axis=0)
@@ -154,6 +199,7 @@ def release_summary(draws: torch.Tensor, names) -> list[dict]:
             "q2.5": float(q[0, b, j]),
             "q50": float(q[1, b, j]),
             "q97.5": float(q[2, b, j]),
+            "outside_training": outside[b],
         }
         for b in range(x.shape[1])
         for j, name in enumerate(names)
@@ -198,11 +244,19 @@ def _posterior_path(target: Path, method: str | None) -> tuple[Path, Path | None
 
 
 def _task_of(run_dir: Path):
+    """The task of the run in ``run_dir``, rebuilt from its ``config.yaml`` (its release is the run's own)."""
     from omegaconf import OmegaConf
 
-    from .experiment import build_task
+    from . import tasks
 
-    return build_task(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").task, resolve=True))
+    config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").task, resolve=True)
+    try:
+        return tasks.load(config.pop("name"), **config)
+    except ValueError as error:
+        raise ValueError(
+            f"cannot rebuild the task of the run in {run_dir} ({error}); a custom task's module is imported from "
+            "the working directory: run dpsbi-sample in the folder dpsbi-run ran in"
+        ) from None
 
 
 def sample(argv: list[str] | None = None) -> None:
@@ -221,7 +275,8 @@ def sample(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--releases",
         type=Path,
-        help="a CSV of many releases: a header naming the release's coordinates (and optionally epsilon), one release a row",
+        help="a CSV of many releases, one a row, under a header of the task's release names (task.release_names; "
+        "default y0,y1,...) and optionally epsilon, in any order",
     )
     parser.add_argument(
         "--epsilon",
@@ -255,9 +310,9 @@ def sample(argv: list[str] | None = None) -> None:
         if y is not None and task is not None:
             y = task.check_release(y)
         posterior = load_posterior(path)
-        draws = (
-            posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon).detach().cpu()
-        )
+        with _outside_training_warned():
+            draws = posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon)
+        draws = draws.detach().cpu()
     except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
     names = (task or posterior.task).parameter_names
@@ -284,20 +339,22 @@ def _sample_releases(args) -> None:
         if args.num_samples < 1:
             raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
         path, run_dir = _posterior_path(args.target, args.method)
-        y, epsilon = read_releases(args.releases)
+        task = _task_of(run_dir) if run_dir is not None else None
+        posterior = load_posterior(path)
+        task = task or posterior.task
+        y, epsilon = read_releases(args.releases, task.release_names)
         if epsilon is not None and args.epsilon is not None:
             raise ValueError(f"{args.releases} has an epsilon column: leave --epsilon out")
         epsilon = args.epsilon if epsilon is None else epsilon
-        task = _task_of(run_dir) if run_dir is not None else None
-        if task is not None:
-            y = task.check_release(y)
-        posterior = load_posterior(path)
-        draws = (
-            posterior.sample_batched((args.num_samples,), y=y, epsilon=epsilon, seed=args.seed).detach().cpu()
-        )
+        y = task.check_release(y)
+        with _outside_training_warned(" (column outside_training of the summary)"):
+            draws = posterior.sample_batched((args.num_samples,), y=y, epsilon=epsilon, seed=args.seed)
+        draws = draws.detach().cpu()
+        checked = posterior.training_releases
+        outside = [""] * y.shape[0] if checked is None else checked.flags(y, task.release_names)
     except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
-    names = list((task or posterior.task).parameter_names)
+    names = list(task.parameter_names)
     count = draws.shape[1]
     if args.output is not None:
         values = draws.double().numpy()
@@ -306,7 +363,7 @@ def _sample_releases(args) -> None:
             ["release", "draw", *names],
             ([b, i, *values[i, b].tolist()] for b in range(count) for i in range(args.num_samples)),
         )
-    rows = release_summary(draws, names)
+    rows = release_summary(draws, names, outside)
     if args.summary is not None:
         _write_csv(args.summary, SUMMARY_COLUMNS, ([row[c] for c in SUMMARY_COLUMNS] for row in rows))
     if count <= 10:
@@ -320,6 +377,22 @@ def _sample_releases(args) -> None:
         f"{args.num_samples} draws at each of {count} releases from {path}"
         + (f"; {written}" if written else "")
     )
+
+
+@contextlib.contextmanager
+def _outside_training_warned(note: str = ""):
+    """Within it, a posterior's warning that a release lies outside its training releases is printed once, as
+    one ``dpsbi-sample: warning:`` line on stderr (with ``note``), instead of Python's warning with its source."""
+    from .inference.release_check import ReleaseOutsideTraining
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReleaseOutsideTraining)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, ReleaseOutsideTraining):
+            print(f"dpsbi-sample: warning: {warning.message}{note}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def compare(argv: list[str] | None = None) -> None:

@@ -27,7 +27,8 @@ def run_block(language: str, code: str, cwd: Path) -> str:
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": str(cwd),
+        # the page's folder first, then the caller's PYTHONPATH (a worktree's code when run as CONTRIBUTING says)
+        "PYTHONPATH": os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p),
     }
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (

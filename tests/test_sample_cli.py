@@ -11,7 +11,7 @@ import dpsbi
 from dpsbi import cli
 from dpsbi.tasks import load
 
-RELEASES = [[0.5, -0.2, 0.6], [1.5, 0.0, 1.2], [-1.0, 2.0, 3.0]]  # y_1, y_2, epsilon
+RELEASES = [[0.5, -0.2, 0.6], [1.5, 0.0, 1.2], [-1.0, 2.0, 3.0]]  # y0, y1, epsilon
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def saved(tmp_path_factory):
     path = directory / "posterior.pt"
     posterior.save(path)
     releases = directory / "releases.csv"
-    _write(releases, ["y1", "y2", "epsilon"], RELEASES)
+    _write(releases, ["y0", "y1", "epsilon"], RELEASES)
     return path, releases, posterior
 
 
@@ -78,8 +78,11 @@ def test_releases_csv_gives_long_draws_and_a_summary(saved, tmp_path, capsys):
             values[values[:, 0] == b, 2:], expected[:, b].double().numpy(), rtol=1e-5, atol=1e-5
         )
     header, rows = _read(summary_csv)
-    assert header == ["release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5"] and len(rows) == 3 * 2
-    first = {row[1]: [float(v) for v in row[2:]] for row in rows if row[0] == "0"}
+    assert header == list(cli.SUMMARY_COLUMNS) and len(rows) == 3 * 2
+    assert header[-1] == "outside_training" and all(
+        row[-1] == "" for row in rows
+    )  # inside the training cloud
+    first = {row[1]: [float(v) for v in row[2:-1]] for row in rows if row[0] == "0"}
     mean, sd, low, median, high = first["theta_1"]
     column = expected[:, 0, 0].double()
     assert mean == pytest.approx(float(column.mean()), rel=1e-5) and sd == pytest.approx(
@@ -93,7 +96,7 @@ def test_releases_csv_gives_long_draws_and_a_summary(saved, tmp_path, capsys):
 def test_without_an_epsilon_column_the_task_epsilon_or_the_flag_is_used(saved, tmp_path, capsys):
     path, _, posterior = saved
     releases = tmp_path / "plain.csv"
-    _write(releases, ["a", "b"], [row[:2] for row in RELEASES])
+    _write(releases, ["y0", "y1"], [row[:2] for row in RELEASES])
     summary = tmp_path / "summary.csv"
     cli.sample([str(path), "--releases", str(releases), "-n", "100", "--summary", str(summary)])
     _, rows = _read(summary)
@@ -111,12 +114,23 @@ def test_without_an_epsilon_column_the_task_epsilon_or_the_flag_is_used(saved, t
 @pytest.mark.parametrize(
     "header, rows, extra, message",
     [
-        (["y1", "y2", "epsilon"], [[0.0, 0.0, 9.0]], [], "outside the range"),
-        (["y1", "y2", "y3"], [[0.0, 0.0, 1.0]], [], "shape"),
-        (["y1", "y2"], [[0.0, "x"]], [], "numbers"),
-        (["y1", "y2"], [[0.0]], [], "1 values for 2 columns"),
-        (["y1", "y2", "epsilon"], [[0.0, 0.0, 1.0]], ["--epsilon", "2"], "leave --epsilon out"),
-        (["y1", "y2"], [[0.0, 0.0]], ["--release", "1,2"], "either"),
+        (["y0", "y1", "epsilon"], [[0.0, 0.0, 9.0]], [], "outside the range"),
+        (["y0", "y1", "y2"], [[0.0, 0.0, 1.0]], [], "unknown column 'y2'; expected the header y0,y1"),
+        (
+            ["y0", "Y1"],
+            [[0.0, 1.0]],
+            [],
+            "unknown column 'Y1' (names are case-sensitive: 'y1'?); missing column 'y1'",
+        ),
+        (["y0", "y1", "y1"], [[0.0, 1.0, 1.0]], [], "duplicated column 'y1'"),
+        (["y1"], [[0.0]], [], "missing column 'y0'; expected the header y0,y1"),
+        (["y0", "y1", "epsilon", "epsilon"], [[0.0, 1.0, 1.0, 1.0]], [], "duplicated column 'epsilon'"),
+        (["0.5", "-0.2"], [[1.5, 0.0]], [], "a header is required; expected the header y0,y1"),
+        (["y0", "y1"], [], [], "a header and no release"),
+        (["y0", "y1"], [[0.0, "x"]], [], "numbers"),
+        (["y0", "y1"], [[0.0]], [], "1 values for 2 columns"),
+        (["y0", "y1", "epsilon"], [[0.0, 0.0, 1.0]], ["--epsilon", "2"], "leave --epsilon out"),
+        (["y0", "y1"], [[0.0, 0.0]], ["--release", "1,2"], "either"),
     ],
 )
 def test_bad_releases_files_are_refused_in_one_line(saved, tmp_path, header, rows, extra, message):
@@ -128,9 +142,87 @@ def test_bad_releases_files_are_refused_in_one_line(saved, tmp_path, header, row
     assert message in str(error.value) and str(error.value).startswith("dpsbi-sample: error:")
 
 
+def test_columns_are_read_by_name_in_any_order(saved, tmp_path):
+    """A file headed ``epsilon,y1,y0`` is the same releases as ``y0,y1,epsilon``, reordered; no row is dropped."""
+    path, releases, _ = saved
+    shuffled = tmp_path / "shuffled.csv"
+    _write(shuffled, ["epsilon", "y1", "y0"], [[e, b, a] for a, b, e in RELEASES])
+    summaries = []
+    for source in (releases, shuffled):
+        summary = tmp_path / f"summary_{source.stem}.csv"
+        cli.sample([str(path), "--releases", str(source), "-n", "50", "--summary", str(summary)])
+        summaries.append(_read(summary)[1])
+    assert summaries[0] == summaries[1] and len(summaries[0]) == 3 * 2
+
+
+NAMED_MODEL = """
+import dpsbi
+from dpsbi.tasks import load
+
+
+def make_task():
+    task = load("conjugate_gaussian", epsilon=1.0, dim=2)
+    return dpsbi.from_simulator(
+        task.prior, task.simulator, task.mechanism, task.y_obs, release_names=["b", "a"], name="named"
+    )
+"""
+
+
+def test_a_task_names_its_release_columns(tmp_path, monkeypatch):
+    """A task's ``release_names`` are the CSV's columns, matched by name (a task without them: y0, y1, ...)."""
+    assert load("conjugate_gaussian", epsilon=1.0, dim=2).release_names == ["y0", "y1"]
+    (tmp_path / "named_model.py").write_text(NAMED_MODEL)
+    monkeypatch.chdir(tmp_path)
+    task = load("custom", factory="named_model:make_task")
+    assert task.release_names == ["b", "a"]
+    posterior = dpsbi.SPPE(
+        task,
+        rounds=1,
+        sims_per_round=100,
+        flow=dict(transforms=1, hidden=8),
+        training=dict(max_steps=5),
+        progress=False,
+    ).run()
+    posterior.save(tmp_path / "posterior.pt")
+    _write(tmp_path / "releases.csv", ["a", "b"], [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
+    cli.sample(["posterior.pt", "--releases", "releases.csv", "-n", "20", "--summary", "summary.csv"])
+    expected = posterior.sample_batched((20,), y=torch.tensor([[0.2, 0.1], [0.4, 0.3], [0.6, 0.5]]), seed=0)
+    means = [float(row[2]) for row in _read(tmp_path / "summary.csv")[1]]
+    np.testing.assert_allclose(means, expected.mean(0).flatten().double().numpy(), rtol=1e-5, atol=1e-6)
+    _write(tmp_path / "releases.csv", ["y0", "y1"], [[0.1, 0.2]])
+    with pytest.raises(
+        SystemExit, match="unknown columns 'y0', 'y1'; missing columns 'b', 'a'; expected the header b,a"
+    ):
+        cli.sample(["posterior.pt", "--releases", "releases.csv", "-n", "20"])
+    with pytest.raises(ValueError, match="must be 2 distinct strings"):
+        dpsbi.from_simulator(task.prior, task.simulator, task.mechanism, task.y_obs, release_names=["a"])
+    with pytest.raises(ValueError, match="may not use 'epsilon'"):
+        dpsbi.from_simulator(
+            task.prior, task.simulator, task.mechanism, task.y_obs, release_names=["a", "epsilon"]
+        )
+
+
 def test_one_release_at_an_epsilon(saved, capsys):
     path, _, posterior = saved
     cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "-n", "200"])
     assert "200 draws" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="outside the range"):
         cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "0.1"])
+
+
+def test_a_run_sampled_from_another_folder_says_where_to_run(tmp_path, monkeypatch):
+    """A custom task's module is imported from the working directory: from elsewhere, dpsbi-sample says so (not
+    dpsbi-run's hint about task.y_obs)."""
+    run = tmp_path / "run"
+    (run / "sppe").mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        "task:\n  name: custom\n  factory: elsewhere_model:make_task\nmethod:\n  name: sppe\n"
+    )
+    (run / "sppe" / "posterior.pt").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--releases", "releases.csv"]):
+        with pytest.raises(SystemExit) as error:
+            cli.sample([str(run), *extra])
+        message = str(error.value)
+        assert "run dpsbi-sample in the folder dpsbi-run ran in" in message and "y_obs" not in message
+        assert "\n" not in message and "elsewhere_model" in message

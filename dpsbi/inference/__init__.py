@@ -6,6 +6,7 @@ from .losses import inner_releases, posterior_loss, sple_loss, sppe_loss
 from .mcmc import MCMCSettings
 from .naive import NaiveNPE
 from .posterior import FlowPosterior, LikelihoodPosterior, Posterior, load_posterior
+from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .sple import SPLE
 from .sppe import SPPE
 
@@ -20,6 +21,8 @@ __all__ = [
     "FlowSettings",
     "ConditionalFlow",
     "MCMCSettings",
+    "ReleaseOutsideTraining",
+    "TrainingReleases",
     "sppe_loss",
     "sple_loss",
     "posterior_loss",

@@ -31,6 +31,7 @@ from .losses import with_log_epsilon
 from .parameters import ParameterSpace
 from .posterior import Posterior
 from .posterior_file import task_spec
+from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .seeding import derive_seed
 from .settings import Settings
 from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow, training_device
@@ -261,6 +262,11 @@ class SequentialEstimator(abc.ABC):
         self.pending: tuple[Tensor, Tensor] | None = None
         #: Mean and sd ``(2, dim)`` of the last round's posterior draws at ``y_obs`` (``stop_when_stable``).
         self._stable_reference: Tensor | None = None
+        #: The release check's releases of each round's simulations (by round number), the last statistics
+        #: ``(num_simulations, TrainingReleases)``, and whether this run has checked y_obs.
+        self._round_releases: dict[int, Tensor] = {}
+        self._training_releases: tuple[int, TrainingReleases] | None = None
+        self._y_obs_checked = False
         if self.budget.simulations is not None and self._round_size() is None:
             raise ValueError(
                 f"budget simulations={self.budget.simulations} leaves no first round (at least one training and "
@@ -335,6 +341,54 @@ class SequentialEstimator(abc.ABC):
         if epsilon is None:
             return self.task.release(s, generator=generator)
         return at_epsilons(self.task.mechanism, epsilon.unsqueeze(-1)).sample(s, generator=generator)
+
+    def simulated_releases(
+        self, s: Tensor, generator: torch.Generator, epsilon: Tensor | None = None
+    ) -> Tensor:
+        """The releases ``(n, dim_s)`` the flow sees for summaries ``s`` (the release check's training releases):
+        one release of each (:meth:`releases`); NaiveNPE's are the summaries themselves."""
+        return self.releases(s, generator, epsilon)
+
+    def training_releases(self) -> TrainingReleases:
+        """The release check's statistics (:mod:`~dpsbi.inference.release_check`) of one release of every stored
+        simulation (:meth:`simulated_releases`, each round's under its own fixed seed, drawn once per round),
+        computed on the data's device once per number of simulations (after a round's simulating, never in its
+        training steps)."""
+        n = self.num_simulations
+        if self._training_releases is None or self._training_releases[0] != n:
+            rounds = self.data["round"]
+            numbers = sorted({int(r) for r in rounds.unique().tolist()})
+            for number in numbers:
+                if number not in self._round_releases or self._round_releases[number].shape[0] != int(
+                    (rounds == number).sum()
+                ):
+                    self._round_releases[number] = self._round_releases_of(number)
+            y = torch.cat([self._round_releases[number] for number in numbers])
+            self._training_releases = (n, TrainingReleases.of(y))
+        return self._training_releases[1]
+
+    @torch.no_grad()
+    def _round_releases_of(self, number: int) -> Tensor:
+        """One release of each stored simulation of round ``number`` (from 1), under that round's seed."""
+        rows = self.data["round"] == number
+        s = self.data["s"][rows]
+        epsilon = self.data["epsilon"][rows] if "epsilon" in self.data else None
+        generator = torch.Generator(device=s.device).manual_seed(
+            derive_seed(self.seed, number, "release check")
+        )
+        return self.simulated_releases(s, generator, epsilon)
+
+    def _check_y_obs(self) -> None:
+        """Once per :meth:`run`, after its first round's simulations: warn (one line) if ``task.y_obs`` lies
+        outside the releases simulated so far."""
+        if self._y_obs_checked or self.task.y_obs is None:
+            return
+        self._y_obs_checked = True
+        message = self.training_releases().warning(
+            self.task.y_obs, self.task.release_names, self.method, f"task {self.task.name!r}'s y_obs"
+        )
+        if message:
+            warnings.warn(message, ReleaseOutsideTraining, stacklevel=5)
 
     @staticmethod
     def context(x: Tensor, epsilon: Tensor | None) -> Tensor:
@@ -463,6 +517,7 @@ class SequentialEstimator(abc.ABC):
         weights = None if self.flow is None else copy.deepcopy(self.flow.state_dict())
         try:
             self._simulate(index, posterior)
+            self._check_y_obs()
             if self.flow is None:
                 self.flow = self._build_flow()
             bar.set_postfix_str(f"{self.num_simulations} simulations, training")

@@ -53,7 +53,16 @@ class NaiveNPE(SequentialEstimator):
         return Loss(lambda flow, batch, draws: posterior_loss(flow, batch[0], batch[1].unsqueeze(-2)))
 
     def posterior(self, round_index: int) -> FlowPosterior:
-        return FlowPosterior(self.task, self._posterior_flow(), self.method, amortized=True)
+        return FlowPosterior(
+            self.task,
+            self._posterior_flow(),
+            self.method,
+            amortized=True,
+            training_releases=self.training_releases(),
+        )
+
+    def simulated_releases(self, s, generator, epsilon=None):
+        return s  # the flow conditions on the summaries as if they were releases
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(task={self.task.name!r}, num_simulations={self.sims_per_round})"

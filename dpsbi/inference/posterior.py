@@ -26,6 +26,7 @@ from .flows import ConditionalFlow, FlowSettings
 from .losses import dequantized, with_log_epsilon
 from .mcmc import MCMCSettings, resample_init, slice_sample
 from .parameters import ParameterSpace
+from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .seeding import draw_seed, make_generator
 
 #: Most rows per flow call when sampling or evaluating densities (a flow call takes ~1.3 KB per row).
@@ -56,14 +57,27 @@ class Posterior(abc.ABC):
     has none); ``max_sampling_batch_size`` and ``reject_outside_prior`` are accepted and change nothing (at
     most :data:`CHUNK_ROWS` flow rows go through at once already, and every draw lies in the prior's support:
     the flow works in the unconstrained space); ``track_gradients`` lets a density's gradient reach ``theta``.
+
+    ``training_releases``: the statistics of the simulated releases the flow was trained on
+    (:class:`~dpsbi.inference.release_check.TrainingReleases`, set by the estimators and kept in posterior files);
+    a release given to :meth:`sample`, :meth:`sample_batched`, :meth:`log_prob` (and the other methods taking
+    ``y``) or :meth:`set_default_x` that lies outside them gets one
+    :class:`~dpsbi.inference.release_check.ReleaseOutsideTraining` warning naming its coordinates (``None``: files
+    written before the check, which are not checked).
     """
 
     kind: ClassVar[str]
 
     def __init__(
-        self, task: Task, flow: ConditionalFlow, method: str, epsilon_range: tuple[float, float] | None = None
+        self,
+        task: Task,
+        flow: ConditionalFlow,
+        method: str,
+        epsilon_range: tuple[float, float] | None = None,
+        training_releases: TrainingReleases | None = None,
     ) -> None:
         self.task, self.flow, self.method = task, flow.eval(), method
+        self.training_releases = training_releases
         self.space = ParameterSpace(task)
         self._default_x: Tensor | None = None
         self._default_epsilon: float | None = None
@@ -295,7 +309,8 @@ class Posterior(abc.ABC):
 
     def _releases(self, y: Tensor | None, single: bool, stacklevel: int = 4) -> Tensor:
         """``y`` (default: :attr:`default_x`) as checked releases ``(B, dim_s)`` on the flow's device; ``single``
-        demands exactly one. Warns where the posterior is not valid at a given release (:meth:`_caveat`)."""
+        demands exactly one. Warns where the posterior is not valid at a given release (:meth:`_caveat`) and
+        where a given release lies outside the training releases (:meth:`outside_training`)."""
         if y is None:
             if self.default_x is None:
                 raise ValueError(
@@ -310,11 +325,22 @@ class Posterior(abc.ABC):
         caveat = self._caveat(y)
         if caveat:
             warnings.warn(caveat, stacklevel=stacklevel)
+        outside = self.outside_training(y)
+        if outside:
+            warnings.warn(outside, ReleaseOutsideTraining, stacklevel=stacklevel)
         return y.to(self.device, torch.get_default_dtype())
 
     def _caveat(self, y: Tensor) -> str | None:
         """Why this posterior may not be valid at the checked releases ``y``, or ``None``."""
         return None
+
+    def outside_training(self, y: Tensor, what: str = "the release") -> str | None:
+        """One line about the checked releases ``y (B, dim_s)`` that lie outside the simulated releases this
+        posterior was trained on, naming their coordinates (``task.release_names``) and how far out they are
+        (:mod:`~dpsbi.inference.release_check`); ``None`` if none does or the posterior has no statistics."""
+        if self.training_releases is None:
+            return None
+        return self.training_releases.warning(y, self.task.release_names, f"{self.method} posterior", what)
 
     def _conditions(self, y: Tensor | None, epsilon, single: bool) -> Tensor:
         """What the flow conditions on: the checked releases ``(B, dim_s)`` (:meth:`_releases`), for a posterior
@@ -427,6 +453,7 @@ class Posterior(abc.ABC):
                 "context_dim": self.flow.context_dim,
             },
             "options": self.options(),
+            "training_releases": None if self.training_releases is None else self.training_releases.to_dict(),
         }
 
     def options(self) -> dict:
@@ -456,8 +483,9 @@ class FlowPosterior(Posterior):
         method: str,
         amortized: bool,
         epsilon_range: tuple[float, float] | None = None,
+        training_releases: TrainingReleases | None = None,
     ) -> None:
-        super().__init__(task, flow, method, epsilon_range)
+        super().__init__(task, flow, method, epsilon_range, training_releases)
         self.amortized = bool(amortized)
 
     def options(self) -> dict:
@@ -508,8 +536,9 @@ class LikelihoodPosterior(Posterior):
         dequantized: bool = False,
         cell_points: int = 8,
         epsilon_range: tuple[float, float] | None = None,
+        training_releases: TrainingReleases | None = None,
     ) -> None:
-        super().__init__(task, flow, method, epsilon_range)
+        super().__init__(task, flow, method, epsilon_range, training_releases)
         self.mcmc = MCMCSettings.coerce(mcmc)
         self.progress = progress
         self.dequantized, self.cell_points = bool(dequantized), int(cell_points)
@@ -683,7 +712,9 @@ def load_posterior(
         flow.load_state_dict(state)
     except RuntimeError as error:
         raise ValueError(f"{path}: the stored weights do not fit the recorded flow ({error})") from None
-    posterior = _KINDS[meta["kind"]](task, flow.to(device), meta["method"], **meta["options"])
+    posterior = _KINDS[meta["kind"]](
+        task, flow.to(device), meta["method"], **meta["options"], training_releases=meta["training_releases"]
+    )
     if meta.get("default_x") is not None:  # absent from files written before set_default_x existed
         posterior.set_default_x(torch.tensor(meta["default_x"], dtype=torch.get_default_dtype()))
     if (

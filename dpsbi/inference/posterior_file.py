@@ -4,10 +4,11 @@ content carries a SHA-256 checksum) of ``format``, ``version``, the flow's ``sta
 :func:`dpsbi.tasks.load`, or ``None``), ``identity`` (:func:`dpsbi.tasks.identity.identity`), ``simulator``
 (:func:`dpsbi.tasks.identity.simulator_probe` as lists; files without it load with a warning), ``y_obs``,
 ``default_x`` (the release set by ``set_default_x``; optional, files without it load as before), ``flow``
-(config, dim, context_dim) and ``options`` (the posterior class's keywords, e.g. ``amortized``,
-``epsilon_range``). Reading refuses, with a ``ValueError`` naming the file, anything damaged, of another format
-version, of an unknown kind, with non-finite weights, or made for another model (or simulator) than the task it
-is loaded with.
+(config, dim, context_dim), ``options`` (the posterior class's keywords, e.g. ``amortized``,
+``epsilon_range``) and ``training_releases`` (the release check's statistics,
+:meth:`~dpsbi.inference.release_check.TrainingReleases.to_dict`; optional, files without it load unchecked).
+Reading refuses, with a ``ValueError`` naming the file, anything damaged, of another format version, of an
+unknown kind, with non-finite weights, or made for another model (or simulator) than the task it is loaded with.
 The posterior classes (:mod:`dpsbi.inference.posterior`) build the metadata and rebuild themselves from it."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..files import CorruptFileError, load_sealed, save_sealed
 from ..tasks import Task
 from ..tasks.identity import SIMULATOR_PROBE_SEED, differences, identity
 from ..tasks.identity import check_simulator as check_probe
+from .release_check import TrainingReleases
 
 FORMAT = "dpsbi-posterior"
 VERSION = 2
@@ -59,7 +61,7 @@ def task_spec(task: Task) -> dict | None:
 
 def read(path: str | os.PathLike, device: torch.device, kinds: Collection[str]) -> tuple[dict, dict]:
     """Metadata and state_dict (on ``device``) of a posterior file of one of ``kinds``, or a ``ValueError``
-    saying why it is refused."""
+    saying why it is refused; the metadata's ``training_releases`` as a :class:`TrainingReleases` (or ``None``)."""
     try:
         payload = load_sealed(path, WHAT, map_location=device)
     except CorruptFileError:
@@ -77,6 +79,8 @@ def read(path: str | os.PathLike, device: torch.device, kinds: Collection[str]) 
             raise ValueError(f"unknown posterior kind {meta['kind']!r}")
         if not isinstance(meta["identity"], dict):
             raise ValueError("no task identity recorded")
+        releases = meta.get("training_releases")  # absent from files written before the release check
+        meta["training_releases"] = None if releases is None else TrainingReleases.from_dict(releases)
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{path} is a damaged dpsbi posterior file ({error})") from None
     _check_finite(path, state)

@@ -111,4 +111,5 @@ class SPLE(SequentialEstimator):
             self.dequantize,
             self.cell_points,
             epsilon_range=self.epsilon_range,
+            training_releases=self.training_releases(),
         )

@@ -146,4 +146,5 @@ class SPPE(SequentialEstimator):
             self.method,
             amortized=round_index == 0 or self.amortized,
             epsilon_range=self.epsilon_range,
+            training_releases=self.training_releases(),
         )

@@ -31,8 +31,10 @@ class Task:
     torch's default float dtype on ``theta``'s device; ``None`` when every simulation comes from elsewhere,
     see ``SequentialEstimator.append_simulations``); the curator's release is ``mechanism.sample(s)``.
     ``transform`` maps the unconstrained space ``R^dim_unconstrained`` onto the prior's support (flows work
-    there). ``parameter_names`` default to ``theta_1, ..., theta_d``. The release, the true parameter and the
-    names are checked at construction (:meth:`validate`); ``y_obs`` is kept as ``(n, dim_s)``.
+    there). ``parameter_names`` default to ``theta_1, ..., theta_d``; ``release_names``, one per coordinate of the
+    release (the columns of ``dpsbi-sample --releases``, the coordinates its warnings name), default to
+    :func:`default_release_names` (``y0, ..., y{dim_s - 1}``). The release, the true parameter and the names are
+    checked at construction (:meth:`validate`); ``y_obs`` is kept as ``(n, dim_s)``.
     """
 
     name: str
@@ -53,19 +55,24 @@ class Task:
     description: str = ""
     #: ``{"name", "kwargs"}`` that rebuild it with :func:`dpsbi.tasks.load` (set by ``load``; saved posteriors use it).
     spec: dict | None = None
+    release_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:
             self.parameter_names = [f"theta_{i + 1}" for i in range(self.dim_theta)]
         self.parameter_names = list(self.parameter_names)
+        if not self.release_names and isinstance(self.mechanism, Mechanism):
+            self.release_names = default_release_names(self.dim_s)
+        self.release_names = list(self.release_names)
         self.validate()
         if self.y_obs is not None:  # held in the mechanism's dtype (float64 for counts)
             self.y_obs = self.check_release(self.y_obs).to(self.mechanism.dtype)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the problem if the prior (see :func:`prior_problem`), the mechanism, ``y_obs`` or ``true_theta``
-        cannot be used (shapes, support, finiteness), if ``parameter_names`` are not one distinct string per
-        coordinate, or if ``epsilon`` is not the mechanism's; called at construction and by the estimators.
+        """Raise ``ValueError`` naming the problem if the prior (see :func:`prior_problem`), the mechanism, ``y_obs``
+        or ``true_theta`` cannot be used (shapes, support, finiteness), if ``parameter_names`` or ``release_names``
+        are not one distinct string per coordinate (:func:`names_problem`), or if ``epsilon`` is not the
+        mechanism's; called at construction and by the estimators.
 
         ``epsilon`` must be one of the privacy levels the mechanism states: its ``epsilon``, the target it was
         calibrated from (``BinomialCurve.target_epsilon``) or the ``mu`` of a Gaussian-DP mechanism
@@ -96,11 +103,12 @@ class Task:
         problem = prior_problem(self.prior, self.transform)
         if problem:
             raise ValueError(f"task {self.name!r}: {problem}")
-        names, d = self.parameter_names, self.dim_theta
-        if len(names) != d or not all(isinstance(n, str) for n in names) or len(set(names)) != d:
-            raise ValueError(
-                f"task {self.name!r}: parameter_names must be {d} distinct strings, got {list(names)!r}"
-            )
+        for problem in (
+            names_problem("parameter_names", self.parameter_names, self.dim_theta),
+            names_problem("release_names", self.release_names, self.dim_s),
+        ):
+            if problem:
+                raise ValueError(f"task {self.name!r}: {problem}")
         if self.y_obs is not None:
             self.check_release(self.y_obs)
         if self.true_theta is not None:
@@ -269,6 +277,22 @@ def prior_device(prior: Distribution) -> torch.device:
         return prior.mean.device
     except NotImplementedError:
         return torch.device("cpu")
+
+
+def default_release_names(dim: int) -> list[str]:
+    """The names of a release's ``dim`` coordinates where a task gives none: ``y0, ..., y{dim - 1}``."""
+    return [f"y{i}" for i in range(dim)]
+
+
+def names_problem(what: str, names, d: int) -> str | None:
+    """Why ``names`` (``what``: ``"parameter_names"`` or ``"release_names"``) are not ``d`` distinct strings,
+    or ``None``; a release coordinate may not be called ``epsilon`` (the privacy-level column of a releases CSV)."""
+    names = list(names)
+    if len(names) != d or not all(isinstance(n, str) for n in names) or len(set(names)) != d:
+        return f"{what} must be {d} distinct strings, got {names!r}"
+    if what == "release_names" and "epsilon" in names:
+        return f"release_names may not use 'epsilon' (the column of each release's epsilon), got {names!r}"
+    return None
 
 
 def release_tensor(y, dim: int, what: str = "release", dtype: torch.dtype | None = None) -> Tensor:

@@ -55,7 +55,7 @@ from torch.distributions import Distribution, Independent, Normal, Transform, Un
 from ..mechanisms import Mechanism
 from ..mechanisms.base import check_exact_integers
 from . import register
-from .base import Task, as_summary, discrete_prior_problem, prior_problem
+from .base import Task, as_summary, discrete_prior_problem, names_problem, prior_problem
 
 Backend = Literal["torch", "numpy"]
 BACKENDS = ("torch", "numpy")
@@ -247,6 +247,7 @@ def from_simulator(
     *,
     name: str = "custom",
     parameter_names: Sequence[str] | None = None,
+    release_names: Sequence[str] | None = None,
     transform: Transform | None = None,
     true_theta=None,
     vectorized: bool = True,
@@ -278,7 +279,9 @@ def from_simulator(
       for an amortized posterior only.
     - ``transform``: a bijection from ``R^k`` onto the prior's support for the flows (default
       ``biject_to(prior.support)``); ``true_theta``: the parameter that made ``y_obs``, where known
-      (simulation studies); ``parameter_names``: one per coordinate (default ``theta_1..theta_d``).
+      (simulation studies); ``parameter_names``: one per coordinate (default ``theta_1..theta_d``);
+      ``release_names``: one per coordinate of the release (default ``y0..y{dim_s - 1}``), the column names of
+      ``dpsbi-sample --releases`` and the coordinates its warnings name.
 
     Every input is checked at once and a ``ValueError`` lists each problem on its own line: a release of
     the wrong length, with NaN/inf or outside the mechanism's support; a prior that is not over vectors, is
@@ -307,11 +310,14 @@ def from_simulator(
         with _probe_streams(prior):
             problems += _transform_problems(transform, prior)
             true_theta = None if true_theta is None else _take(problems, _theta(true_theta, prior))
-            problems += _names_problems(parameter_names, prior.event_shape[0])
+            problems += [names_problem("parameter_names", parameter_names, prior.event_shape[0])]
             if isinstance(simulator, UserSimulator) and isinstance(mechanism, Mechanism):
                 simulator = _take(
                     problems, _probe_simulator(simulator, prior, mechanism, name, guess=backend is None)
                 )
+    if isinstance(mechanism, Mechanism) and release_names is not None:
+        problems.append(names_problem("release_names", release_names, mechanism.dim))
+    problems = [p for p in problems if p]
     if problems:
         raise ValueError(_report(name, problems))
     return Task(
@@ -325,6 +331,7 @@ def from_simulator(
         transform=transform,
         parameter_names=parameter_names,
         description=description,
+        release_names=list(release_names or []),
     )
 
 
@@ -510,13 +517,6 @@ def _transform_problems(transform, prior: Distribution) -> list[str]:
             f"the prior {type(prior).__name__} or transform {transform} fails on the prior's own draws: {type(error).__name__}: {error}"
         ]
     return [problem] if problem else []
-
-
-def _names_problems(names: list, d: int) -> list[str]:
-    """Problems of ``names`` as one distinct string per parameter coordinate."""
-    if len(names) != d or not all(isinstance(n, str) for n in names) or len(set(names)) != d:
-        return [f"parameter_names must be {d} distinct strings, got {names!r}"]
-    return []
 
 
 def _probe_simulator(
