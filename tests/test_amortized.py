@@ -61,7 +61,7 @@ def test_a_tensor_of_epsilons_draws_every_row_as_the_mechanism_at_its_epsilon(fa
             for i, e in enumerate(eps)
         ]
     )
-    assert batched.shape == (4, 3, mechanism.dim) and batched.dtype == s.dtype
+    assert batched.shape == (4, 3, mechanism.dim) and batched.dtype == mechanism.dtype  # float64 for counts
     torch.testing.assert_close(batched, one_by_one)
 
 

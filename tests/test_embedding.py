@@ -24,21 +24,26 @@ def _flow(config, dim=3, context_dim=10, seed=0):
     return ConditionalFlow(config, torch.randn(64, dim), torch.rand(64, context_dim) * 20)
 
 
+@pytest.mark.parametrize("backend", ["dpsbi", "nflows"])
 @pytest.mark.parametrize(
     "embedding", [None, "mlp", FCEmbedding(10, output_dim=6, num_layers=2, num_hiddens=16)]
 )
-def test_densities_and_samples_are_nflows_own_with_the_context_embedded_once(embedding):
-    flow = _flow(FlowSettings(transforms=2, hidden=8, embedding=embedding))
+def test_densities_and_samples_are_the_backends_own_with_the_context_embedded_once(embedding, backend):
+    flow = _flow(FlowSettings(transforms=2, hidden=8, embedding=embedding, backend=backend))
     with torch.no_grad():
         for p in flow.parameters():
             p.add_(0.1 * torch.randn(p.shape))
     x, context = torch.randn(5, 1, 4, 3), torch.rand(5, 7, 1, 10) * 20  # broadcast to (5, 7, 4)
     flat_x, flat_c = x.expand(5, 7, 4, 3).reshape(-1, 3), context.expand(5, 7, 4, 10).reshape(-1, 10)
-    expected = flow.net.log_prob(flat_x, context=flat_c).reshape(5, 7, 4)
-    assert torch.allclose(flow.log_prob(x, context), expected, atol=1e-5)
     noise = torch.randn(5, 7, 4, 3)
-    embedded = flow.net._embedding_net(flat_c)
-    expected_x, _ = flow.net._transform.inverse(noise.reshape(-1, 3), context=embedded)
+    embedded = flow.context_net(flat_c)
+    if backend == "nflows":
+        expected = flow.net.log_prob(flat_x, context=flat_c)
+        expected_x, _ = flow.net._transform.inverse(noise.reshape(-1, 3), context=embedded)
+    else:
+        expected = flow.spline.log_prob(flat_x, embedded)
+        expected_x = flow.spline.sample(noise.reshape(-1, 3), embedded)
+    assert torch.allclose(flow.log_prob(x, context), expected.reshape(5, 7, 4), atol=1e-5)
     assert torch.allclose(flow.sample(noise, context), expected_x.reshape(5, 7, 4, 3), atol=1e-5)
 
 
@@ -55,9 +60,9 @@ def test_named_and_module_embeddings_are_part_of_the_flow():
     assert count(one) == count(plain) - 2 * 3 * 8 * (10 - 6) + sum(p.numel() for p in module.parameters())
     # every flow gets its own copy: training one leaves the others and the user's module alone
     with torch.no_grad():
-        next(one.net._embedding_net[1].parameters()).add_(1.0)
-    assert not torch.equal(next(one.net._embedding_net[1].parameters()), next(module.parameters()))
-    assert torch.equal(next(two.net._embedding_net[1].parameters()), next(module.parameters()))
+        next(one.context_net[1].parameters()).add_(1.0)
+    assert not torch.equal(next(one.context_net[1].parameters()), next(module.parameters()))
+    assert torch.equal(next(two.context_net[1].parameters()), next(module.parameters()))
 
 
 def test_settings_as_json_and_refusals():

@@ -166,6 +166,11 @@ class ConditionalFlow(nn.Module):
         return cls(config, inputs, context)
 
     @property
+    def context_net(self) -> nn.Module:
+        """The context's z-scoring followed by the embedding (``nn.Sequential``), as the couplings see it."""
+        return self.net._embedding_net if self.config.backend == "nflows" else self.embedding
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype of its weights (torch's default when it was built)."""
         return next(self.parameters()).dtype
@@ -213,7 +218,7 @@ class ConditionalFlow(nn.Module):
     def _embed(self, context: Tensor) -> Tensor:
         """The embedded context ``(n, features)`` of ``context (n, context_dim)``: its z-scoring (the first module
         of the embedding) in the context's own precision, the rest in the flow's :attr:`dtype`."""
-        net = self.net._embedding_net if self.config.backend == "nflows" else self.embedding
+        net = self.context_net
         if not isinstance(net, nn.Sequential) or len(net) == 0:
             return net(context.to(self.dtype))
         embedded = _z_scored(net[0], context, self.dtype).to(self.dtype)
