@@ -163,7 +163,7 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
     # The first fit is widened by the prior's spread: the chains may start at a few distinct points (a
     # resampled init of a narrow posterior), whose covariance would keep them together.
     fit = _TFit.of(x, floor + spread)
-    kept, first, updates = [], 0, 0
+    kept, first, updates = [], torch.zeros((), dtype=torch.long, device=device), 0  # first: read once, at the end
     for step in _steps(steps, progress):
         window = history[len(history) // 2 :]
         if 0 < step < warmup and len(window) * chains >= 10 * (dim + 1):
@@ -173,7 +173,7 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
         if step < warmup:
             history.append(x)
         else:
-            first += int(accepted_first.sum())
+            first = first + accepted_first.sum()
             updates += chains
             if (step - warmup + 1) % thin == 0:
                 kept.append(x)
@@ -182,7 +182,7 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
         calls=counter.calls,
         evaluations=counter.rows,
         evaluations_per_update=(counter.rows - chains) / max(chains * steps, 1),
-        first_accept=first / updates if updates else math.nan,
+        first_accept=int(first) / updates if updates else math.nan,
     )
     return draws, details
 
@@ -219,8 +219,8 @@ class _TFit:
         cov = centred.T @ centred / max(states.shape[0] - 1, 1)
         cov = cov + torch.diag(1e-3 * cov.diagonal() + floor)
         chol, error = torch.linalg.cholesky_ex(cov.double())
-        if int(error):  # not positive definite in float round-off: keep the diagonal
-            chol = torch.diag(cov.diagonal().double().sqrt())
+        # not positive definite in float round-off: keep the diagonal (chosen on the device, no host read)
+        chol = torch.where(error == 0, chol, torch.diag(cov.diagonal().double().sqrt()))
         return cls(mu, chol.to(states.dtype))
 
     def whiten(self, x: Tensor) -> Tensor:
