@@ -145,6 +145,13 @@ def show(value: float | tuple[float, ...]) -> str:
     return f"({', '.join(f'{v:g}' for v in value)})" if isinstance(value, tuple) else f"{value:g}"
 
 
+def lattice_cells(mechanism: Mechanism) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The release coordinates on a lattice and their spacings (:attr:`Mechanism.lattices`); empty for a
+    mechanism whose releases have a density."""
+    pairs = [(j, h) for j, h in enumerate(mechanism.lattices) if h is not None]
+    return tuple(j for j, _ in pairs), tuple(float(h) for _, h in pairs)
+
+
 class IntractableLikelihood(ValueError):
     """A method needs the exact likelihood ``eta(y | s)`` of a mechanism that has none (e.g. a release
     post-processed by a step whose likelihood is intractable)."""
@@ -162,6 +169,13 @@ class Mechanism(abc.ABC):
     #: Spacing ``h`` of the lattice the releases lie on (every coordinate a multiple of ``h``), or ``None`` for
     #: releases with a density. A likelihood flow models a lattice release dequantized, ``y + h v``, ``v ~ U[0, 1)^dim``.
     lattice: float | None = None
+
+    @property
+    def lattices(self) -> tuple[float | None, ...]:
+        """Each release coordinate's lattice spacing (``None`` where it has a density): ``dim`` entries, all
+        :attr:`lattice` unless coordinates differ (a :class:`~dpsbi.mechanisms.Composition` of continuous and
+        integer blocks)."""
+        return (self.lattice,) * self.dim
 
     def __init__(self, dim: int, epsilon: float, delta: float = 0.0) -> None:
         self.dim = check_integer("dim", dim)
