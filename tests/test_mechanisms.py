@@ -209,3 +209,103 @@ def test_whole_number_dims_are_taken():
     assert Laplace(1.0, 1.0, dim=2.0).dim == 2
     assert Laplace(1.0, 1.0, dim=np.int64(3)).dim == 3
     assert Laplace(torch.tensor(2.0), 1.0).epsilon == 2.0
+
+
+# ---- per-coordinate scales (a DP mean's noisy sum and noisy count) ---------------------------------------------
+
+
+def test_per_coordinate_laplace_draws_and_density_are_each_coordinates():
+    """Sensitivities (4, 1) at epsilon 2, split evenly: b = (4, 1); any split by from_scale, epsilon = sum Delta/b."""
+    mech = Laplace(2.0, (4.0, 1.0))
+    assert mech.dim == 2 and mech.scale == (4.0, 1.0) and mech.sensitivity == (4.0, 1.0)
+    s = torch.tensor([10.0, -2.0])
+    y = draws(mech, s, 20000)
+    for j, b in enumerate(mech.scale):
+        assert stats.kstest(y[:, j].numpy(), stats.laplace(loc=s[j].item(), scale=b).cdf).pvalue > 1e-3
+    expected = sum(
+        stats.laplace(loc=s[j].item(), scale=b).logpdf(y[:50, j].numpy()) for j, b in enumerate(mech.scale)
+    )
+    assert np.allclose(mech.log_prob(y[:50], s).numpy(), expected, rtol=1e-12)
+    assert mech.max_log_prob(y[:3]).tolist() == pytest.approx([-math.log(8.0) - math.log(2.0)] * 3)
+    uneven = Laplace.from_scale((8.0, 0.5), (4.0, 1.0))
+    assert uneven.epsilon == pytest.approx(4 / 8 + 1 / 0.5)
+    # (Delta, Delta) per coordinate is an L1 sensitivity of 2 Delta: the scalar mechanism's noise
+    assert Laplace(0.5, (1.5, 1.5)).scale == (Laplace(0.5, 3.0, 2).scale,) * 2
+
+
+def test_per_coordinate_laplace_log_likelihood_ratio_bounded_by_its_epsilon():
+    mech = Laplace.from_scale((8.0, 0.5), (4.0, 1.0))
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(200, 2, generator=g) * 5
+    sign = torch.where(torch.rand(200, 2, generator=g) < 0.5, -1.0, 1.0)
+    neighbour = s + sign * torch.tensor([4.0, 1.0])  # every coordinate moves by its sensitivity at once
+    y = torch.randn(300, 1, 2, generator=g) * 20
+    llr = (mech.log_prob(y, s) - mech.log_prob(y, neighbour)).abs()
+    assert llr.max().item() <= mech.epsilon + 1e-9 and llr.max().item() > 0.99 * mech.epsilon
+
+
+def test_per_coordinate_gaussian_is_mu_gdp_with_mu_from_all_coordinates():
+    mech = Gaussian(1.0, 1e-6, (4.0, 1.0))
+    even = Gaussian(1.0, 1e-6, 1.0)  # the same mu, split evenly: sigma_j = sqrt(2) Delta_j / mu
+    assert mech.mu == pytest.approx(even.mu) and mech.sigma == pytest.approx(
+        (4 * math.sqrt(2) / even.mu, math.sqrt(2) / even.mu)
+    )
+    assert mech.rho == pytest.approx(even.mu**2 / 2)
+    chosen = Gaussian.from_sigma((2.0, 0.5), (4.0, 1.0), delta=1e-6)
+    assert chosen.mu == pytest.approx(math.sqrt(8.0)) and chosen.rho == pytest.approx(4.0)
+    assert analytic_delta(chosen.mu, chosen.epsilon) == pytest.approx(1e-6, rel=1e-6)
+    s = torch.tensor([3.0, -1.0])
+    y = draws(chosen, s, 20000)
+    for j, sd in enumerate(chosen.sigma):
+        assert stats.kstest(y[:, j].numpy(), stats.norm(loc=s[j].item(), scale=sd).cdf).pvalue > 1e-3
+    expected = sum(stats.norm(s[j].item(), sd).logpdf(y[:50, j].numpy()) for j, sd in enumerate(chosen.sigma))
+    assert np.allclose(chosen.log_prob(y[:50], s).numpy(), expected, rtol=1e-12)
+    assert chosen.max_log_prob(y[:1]).item() == pytest.approx(
+        stats.norm(0, 2.0).logpdf(0) + stats.norm(0, 0.5).logpdf(0)
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: Laplace.from_scale((8.0, 0.5), (4.0, 1.0)), lambda: Gaussian.from_sigma((2.0, 0.5), (4.0, 1.0))],
+)
+def test_per_coordinate_with_epsilon_keeps_the_split(make):
+    """At another epsilon every coordinate's scale changes by one factor; a tensor of epsilons gives the same rows."""
+    mech = make()
+    scales = lambda m: torch.as_tensor(getattr(m, "scale", None) or m.sigma)  # noqa: E731
+    other = mech.with_epsilon(2 * mech.epsilon)
+    assert other.epsilon == pytest.approx(2 * mech.epsilon)
+    ratio = scales(other) / scales(mech)
+    assert torch.allclose(ratio, ratio[0].expand(2)) and ratio[0] < 1
+    batched = mech.with_epsilon(torch.tensor([mech.epsilon, 2 * mech.epsilon]).reshape(2, 1))
+    u = torch.rand(2, 2, generator=torch.Generator().manual_seed(0))
+    expected = torch.stack([mech.sample(torch.zeros(2), u[0]), other.sample(torch.zeros(2), u[1])])
+    assert torch.allclose(batched.sample(torch.zeros(2, 2), u), expected, rtol=1e-9)
+
+
+def test_per_coordinate_parameters_enter_the_identity_and_repr():
+    from dpsbi.tasks.identity import differences, mechanism_identity
+
+    mech = Laplace.from_scale((8.0, 0.5), (4.0, 1.0))
+    ident = mechanism_identity(mech)
+    assert ident["scale"] == [8.0, 0.5] and ident["sensitivity"] == [4.0, 1.0]
+    changed = differences(ident, mechanism_identity(Laplace.from_scale((8.0, 0.6), (4.0, 1.0))))
+    assert [line.split(":")[0] for line in changed] == ["epsilon", "scale"]
+    assert "scale=(8, 0.5)" in repr(mech) and "sigma=(2, 0.5)" in repr(
+        Gaussian.from_sigma((2.0, 0.5), (4.0, 1.0))
+    )
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Laplace(1.0, (1.0, -1.0)), r"sensitivity\[1\] must be a finite number > 0"),
+        (lambda: Laplace(1.0, (1.0, 2.0), dim=3), "holds 2 numbers, one per coordinate, but dim=3"),
+        (lambda: Laplace.from_scale((1.0, 2.0), (1.0, 2.0, 3.0)), "differ in length"),
+        (lambda: Gaussian(1.0, 1e-6, []), "at least one number"),
+    ],
+)
+def test_bad_per_coordinate_parameters_get_one_line(make, match):
+    with pytest.raises(ValueError, match=match) as error:
+        make()
+    assert "\n" not in str(error.value)

@@ -33,10 +33,14 @@ def require_clt(model: object, mechanism: Mechanism) -> None:
 
 
 def clt_release_moments(model: GaussianCLT, mechanism: Gaussian, theta: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean ``(..., k)`` and covariance ``H (..., k, k)`` of the release under the CLT approximation (9)."""
+    """Mean ``(..., k)`` and covariance ``H (..., k, k)`` of the release under the CLT approximation (9)
+    (``sigma^2 I`` becomes ``diag(sigma_j^2)`` for a Gaussian with per-coordinate sigmas)."""
     require_clt(model, mechanism)
     mean, cov = model.mean_cov(theta)
-    return mean, cov + mechanism.sigma**2 * torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
+    variance = (
+        torch.as_tensor(mechanism.sigma, dtype=mean.dtype, device=mean.device) ** 2
+    )  # one or per coordinate
+    return mean, cov + torch.diag_embed(variance.expand(mean.shape[-1:]))
 
 
 class CLTLikelihood(Move):

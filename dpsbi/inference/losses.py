@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..mechanisms import Mechanism
+from ..mechanisms.base import coordinate_tensor, lattice_cells
 from ..mechanisms.epsilon import at_epsilons
 from ..qmc import uniforms
 
@@ -36,12 +37,19 @@ def with_log_epsilon(x: Tensor, epsilon: Tensor | None) -> Tensor:
 
 
 def dequantized(y: Tensor, mechanism: Mechanism, v: Tensor) -> Tensor:
-    """Lattice releases ``y (..., dim)`` spread over their cells: ``y + h v`` for ``v`` in ``[0, 1)^dim``, ``h`` the
-    mechanism's :attr:`~dpsbi.mechanisms.Mechanism.lattice` spacing. A density of ``y + h v`` with ``v`` uniform
-    integrates over a cell to the probability of its lattice point (uniform dequantization)."""
-    if mechanism.lattice is None:
+    """Lattice releases ``y (..., dim)`` spread over their cells: ``y + h v`` for ``v`` in ``[0, 1)^k``, ``h`` the
+    mechanism's :attr:`~dpsbi.mechanisms.Mechanism.lattice` spacing (``k = dim``). A density of ``y + h v`` with
+    ``v`` uniform integrates over a cell to the probability of its lattice point (uniform dequantization). Where
+    only some coordinates lie on a lattice (a :class:`~dpsbi.mechanisms.Composition` of continuous and integer
+    blocks), ``v`` has one column per lattice coordinate (``k`` of them, :func:`~dpsbi.mechanisms.base.lattice_cells`)
+    and only those move, each by its own spacing."""
+    index, spacing = lattice_cells(mechanism)
+    if not index:
         raise ValueError(f"{mechanism!r} releases values with a density: there is nothing to dequantize")
-    return y + mechanism.lattice * v.to(y)
+    if mechanism.lattice is not None:
+        return y + mechanism.lattice * v.to(y)
+    spread = tuple(tuple(h if j == i else 0.0 for j in range(mechanism.dim)) for i, h in zip(index, spacing))
+    return y + v.to(y) @ coordinate_tensor(mechanism, spread, y)  # (k, dim): one nonzero per lattice column
 
 
 def inner_releases(
@@ -81,9 +89,10 @@ def noise_uniforms(
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The uniforms ``(rows, M, noise_dim [+ dim])`` of :func:`inner_releases`: RQMC (each row its own scrambled
-    Sobol points) or plain MC, with ``dim`` more coordinates for the cell offsets when ``dequantize``; on
+    Sobol points) or plain MC, with one more coordinate per lattice coordinate of the release (``dim`` for a
+    lattice mechanism) for the cell offsets when ``dequantize``; on
     ``device`` (default: the generator's)."""
-    extra = mechanism.dim if dequantize else 0
+    extra = len(lattice_cells(mechanism)[0]) if dequantize else 0
     device = device if device is not None else (generator.device if generator is not None else None)
     return uniforms(rows, inner_samples, mechanism.noise_dim + extra, qmc, generator, device, dtype)
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import tasks
+from ..mechanisms.base import lattice_cells
 from ..mechanisms.epsilon import epsilons, nominal_epsilon
 from ..qmc import cell_points
 from ..tasks import Task
@@ -542,7 +543,7 @@ class LikelihoodPosterior(Posterior):
         self.mcmc = MCMCSettings.coerce(mcmc)
         self.progress = progress
         self.dequantized, self.cell_points = bool(dequantized), int(cell_points)
-        if self.dequantized and task.mechanism.lattice is None:
+        if self.dequantized and not lattice_cells(task.mechanism)[0]:
             raise ValueError(
                 f"a dequantized likelihood needs a lattice mechanism; {task.mechanism!r} has none"
             )
@@ -568,12 +569,17 @@ class LikelihoodPosterior(Posterior):
             y = y[..., :dim]
         if not self.dequantized:
             return self.flow.log_prob(y, z)
-        lattice, dim = self.task.mechanism.lattice, y.shape[-1]
-        v = cell_points(self.cell_points, dim, device=y.device, dtype=y.dtype)  # (K, dim)
+        _, spacing = lattice_cells(self.task.mechanism)  # the coordinates on a lattice: all, or some blocks'
+        dim = y.shape[-1]
+        v = cell_points(
+            self.cell_points, len(spacing), device=y.device, dtype=y.dtype
+        )  # (K, lattice coordinates)
         shape = torch.broadcast_shapes(y.shape[:-1], z.shape[:-1])
         cells = dequantized(y.expand(shape + (dim,)).unsqueeze(-2), self.task.mechanism, v)  # (..., K, dim)
         log_q = self.flow.log_prob(cells, z.expand(shape + z.shape[-1:]).unsqueeze(-2))  # (..., K)
-        return torch.logsumexp(log_q, -1) - math.log(self.cell_points) + dim * math.log(lattice)
+        lattice = self.task.mechanism.lattice  # one spacing for every coordinate, or None where they differ
+        volume = dim * math.log(lattice) if lattice is not None else sum(math.log(h) for h in spacing)
+        return torch.logsumexp(log_q, -1) - math.log(self.cell_points) + volume
 
     def log_density_z(self, z: Tensor, y: Tensor) -> Tensor:
         """Unnormalized log posterior in ``z``: ``log p_z(z) + log q(y | z)``, shape ``z.shape[:-1]``."""

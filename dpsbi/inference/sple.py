@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..mechanisms.base import lattice_cells
 from ..tasks import Task
 from .estimator import SequentialEstimator
 from .losses import dequantized, noise_uniforms, sple_loss
@@ -55,7 +56,9 @@ class SPLE(SequentialEstimator):
         task.mechanism.require_likelihood_flow(self.method)  # a density or a lattice, not an atom on one
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         self.mcmc = MCMCSettings.coerce(mcmc)
-        self.dequantize = bool(dequantize) and task.mechanism.lattice is not None
+        self.dequantize = bool(dequantize) and bool(
+            lattice_cells(task.mechanism)[0]
+        )  # some coordinate's lattice
         self.cell_points = int(cell_points)
         if self.cell_points < 1 or self.cell_points & (self.cell_points - 1):
             raise ValueError(f"cell_points must be a power of two, got {cell_points}")
@@ -73,7 +76,12 @@ class SPLE(SequentialEstimator):
             y = dequantized(
                 y,
                 self.task.mechanism,
-                torch.rand(y.shape, generator=generator, device=y.device, dtype=y.dtype),
+                torch.rand(  # one offset per lattice coordinate
+                    y.shape[:-1] + (len(lattice_cells(self.task.mechanism)[0]),),
+                    generator=generator,
+                    device=y.device,
+                    dtype=y.dtype,
+                ),
             )
         return y, self.context(z, epsilon)
 

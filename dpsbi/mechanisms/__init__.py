@@ -2,6 +2,7 @@
 
 from .base import AdditiveNoise, IntractableLikelihood, Mechanism
 from .binomial import BinomialCurve, binomial_icdf
+from .composition import Composition, Privacy, compose_privacy
 from .discrete import DiscreteGaussian, DiscreteLaplace
 from .gaussian import Gaussian
 from .laplace import Laplace
@@ -22,6 +23,9 @@ __all__ = [
     "RandomizedResponse",
     "SmoothSensitivityLaplace",
     "PostProcessed",
+    "Composition",
+    "Privacy",
+    "compose_privacy",
     "PostProcessing",
     "nonnegative",
     "rounded",

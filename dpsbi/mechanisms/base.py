@@ -93,6 +93,65 @@ def check_scale(
     return scale
 
 
+def check_coordinates(name: str, value, dim: int | None) -> tuple[float | tuple[float, ...], int]:
+    """``(value, dim)`` for a parameter given as one number or as one per coordinate: a number stays a float
+    (:func:`check_positive`, ``dim`` defaulting to 1); a sequence or 1-d tensor of positive numbers becomes a
+    tuple of floats, ``dim`` its length (a ``ValueError`` if ``dim`` is given and differs)."""
+    if isinstance(value, (list, tuple)) or (torch.is_tensor(value) and value.numel() != 1):
+        values = torch.as_tensor(value).flatten().tolist() if torch.is_tensor(value) else list(value)
+        if not values:
+            raise ValueError(f"{name} needs at least one number, got {value!r}")
+        values = tuple(check_positive(f"{name}[{j}]", v) for j, v in enumerate(values))
+        if dim is not None and check_integer("dim", dim) != len(values):
+            raise ValueError(f"{name} holds {len(values)} numbers, one per coordinate, but dim={dim}")
+        return values, len(values)
+    return check_positive(name, value), 1 if dim is None else check_integer("dim", dim)
+
+
+def coordinate_tensor(mechanism: object, value, like: Tensor):
+    """``value`` ready to combine with ``like (..., dim)``: a float or a tensor as it is, a tuple of per-coordinate
+    floats as a ``(dim,)`` tensor on ``like``'s device and in its dtype, cached on ``mechanism`` so that a training
+    step copies nothing to the device (built in place while ``torch.compile`` traces)."""
+    if not isinstance(value, tuple):
+        return value
+    if torch.compiler.is_compiling():
+        return torch.tensor(value, dtype=like.dtype, device=like.device)
+    cache = mechanism.__dict__.setdefault("_coordinate_cache", {})
+    key = (value, like.device, like.dtype)
+    if key not in cache:
+        cache[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+    return cache[key]
+
+
+def log_sum(value: float | tuple[float, ...], dim: int, factor: float = 1.0) -> float:
+    """``sum_j log(factor value_j)`` over ``dim`` coordinates, for one value shared by all or a tuple of them."""
+    if isinstance(value, tuple):
+        return sum(math.log(factor * v) for v in value)
+    return dim * math.log(factor * value)
+
+
+def per_coordinate(*values) -> tuple[tuple[float, ...], ...]:
+    """Parameters given as one number or one per coordinate (:func:`check_coordinates`), all as tuples of the
+    same length; ``ValueError`` if two vectors differ in length."""
+    dims = {len(v) for v in values if isinstance(v, tuple)} or {1}
+    if len(dims) > 1:
+        raise ValueError(f"per-coordinate parameters differ in length: {sorted(dims)}")
+    (dim,) = dims
+    return tuple(v if isinstance(v, tuple) else (v,) * dim for v in values)
+
+
+def show(value: float | tuple[float, ...]) -> str:
+    """A number as ``%g``, a tuple of them as ``(a, b, ...)`` (for ``__repr__``)."""
+    return f"({', '.join(f'{v:g}' for v in value)})" if isinstance(value, tuple) else f"{value:g}"
+
+
+def lattice_cells(mechanism: Mechanism) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The release coordinates on a lattice and their spacings (:attr:`Mechanism.lattices`); empty for a
+    mechanism whose releases have a density."""
+    pairs = [(j, h) for j, h in enumerate(mechanism.lattices) if h is not None]
+    return tuple(j for j, _ in pairs), tuple(float(h) for _, h in pairs)
+
+
 class IntractableLikelihood(ValueError):
     """A method needs the exact likelihood ``eta(y | s)`` of a mechanism that has none (e.g. a release
     post-processed by a step whose likelihood is intractable)."""
@@ -110,6 +169,13 @@ class Mechanism(abc.ABC):
     #: Spacing ``h`` of the lattice the releases lie on (every coordinate a multiple of ``h``), or ``None`` for
     #: releases with a density. A likelihood flow models a lattice release dequantized, ``y + h v``, ``v ~ U[0, 1)^dim``.
     lattice: float | None = None
+
+    @property
+    def lattices(self) -> tuple[float | None, ...]:
+        """Each release coordinate's lattice spacing (``None`` where it has a density): ``dim`` entries, all
+        :attr:`lattice` unless coordinates differ (a :class:`~dpsbi.mechanisms.Composition` of continuous and
+        integer blocks)."""
+        return (self.lattice,) * self.dim
 
     def __init__(self, dim: int, epsilon: float, delta: float = 0.0) -> None:
         self.dim = check_integer("dim", dim)
@@ -232,6 +298,9 @@ class Mechanism(abc.ABC):
             raise ValueError(
                 f"{name} must have last dimension {expected} for {type(self).__name__}, got shape {tuple(x.shape)}"
             )
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_coordinate_cache"}  # device tensors: rebuilt
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g})"

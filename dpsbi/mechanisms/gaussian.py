@@ -9,7 +9,17 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from torch import Tensor
 
-from .base import AdditiveNoise, Mechanism, check_positive, check_scale
+from .base import (
+    AdditiveNoise,
+    Mechanism,
+    check_coordinates,
+    check_positive,
+    check_scale,
+    coordinate_tensor,
+    log_sum,
+    per_coordinate,
+    show,
+)
 from .epsilon import batched_copy, epsilons
 
 
@@ -95,12 +105,30 @@ def analytic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     return sensitivity / mu
 
 
-class Gaussian(AdditiveNoise, Mechanism):
-    """``y = s + sigma * N(0, I)``.
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The exact ``epsilon`` at ``delta`` of a ``mu``-GDP mechanism (the root of :func:`analytic_delta`)."""
+    if analytic_delta(mu, 1e-12) <= delta:
+        raise ValueError(f"a {mu}-GDP mechanism is already (0, {delta})-DP; choose a smaller delta")
+    upper = 1.0
+    while analytic_delta(mu, upper) > delta:  # delta(epsilon) decreases; bracket the root
+        upper *= 2
+    return brentq(lambda e: analytic_delta(mu, e) - delta, 1e-12, upper, xtol=1e-14)
 
-    Calibrated from ``(epsilon, delta)`` and the L2 ``sensitivity`` with ``calibration='classic'``
-    (Dwork & Roth, epsilon < 1) or ``'analytic'`` (exact, any epsilon); :meth:`gdp` builds the
-    ``mu``-Gaussian-DP form ``sigma = sensitivity / mu``.
+
+class Gaussian(AdditiveNoise, Mechanism):
+    """``y_j = s_j + sigma_j * N(0, 1)`` independently on every coordinate ``j``.
+
+    With one ``sensitivity``: the L2 sensitivity of the whole statistic and one ``sigma`` for every coordinate,
+    calibrated from ``(epsilon, delta)`` with ``calibration='classic'`` (Dwork & Roth, epsilon < 1) or
+    ``'analytic'`` (exact, any epsilon); :meth:`gdp` builds the ``mu``-Gaussian-DP form ``sigma = sensitivity / mu``.
+
+    With a vector of sensitivities ``(Delta_1, ..., Delta_d)`` (e.g. a DP mean's sum and count): ``Delta_j`` bounds
+    coordinate ``j``'s change between neighbouring data sets, all coordinates changing at once. Dividing
+    coordinate ``j`` by ``sigma_j`` makes the noise isotropic and the statistic's L2 sensitivity ``mu = sqrt(sum_j
+    (Delta_j / sigma_j)^2)``: the release is exactly ``mu``-GDP (``rho = mu^2 / 2``-zCDP), its ``epsilon`` at
+    ``delta`` the analytic one of ``mu``. ``Gaussian(epsilon, delta, sensitivities)`` splits ``mu^2`` evenly,
+    ``sigma_j = sqrt(d) Delta_j / mu`` (``mu`` by the chosen calibration); :meth:`from_sigma` with a vector of
+    sigmas takes any split. ``sensitivity`` and ``sigma`` are then tuples of ``d`` floats.
     """
 
     #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
@@ -110,58 +138,91 @@ class Gaussian(AdditiveNoise, Mechanism):
         self,
         epsilon: float,
         delta: float,
-        sensitivity: float,
-        dim: int = 1,
+        sensitivity: float | tuple[float, ...],
+        dim: int | None = None,
         calibration: str = "analytic",
     ) -> None:
+        sensitivity, dim = check_coordinates("sensitivity", sensitivity, dim)
         super().__init__(dim, epsilon, delta)
         if not 0 < delta < 1:
             raise ValueError(f"the Gaussian mechanism needs 0 < delta < 1, got {delta}")
-        self.sensitivity = check_positive("sensitivity", sensitivity)
+        self.sensitivity = sensitivity
         calibrators = {"classic": classic_sigma, "analytic": analytic_sigma}
         if calibration not in calibrators:
             raise ValueError(f"unknown calibration {calibration!r}; choose one of {sorted(calibrators)}")
         self._calibration = calibration  # private: not part of a task's identity (saved files predate it)
-        self.sigma = check_scale(
-            "sigma",
-            calibrators[calibration](self.epsilon, self.delta, self.sensitivity),
-            f"epsilon={self.epsilon:g}, delta={self.delta:g}, sensitivity={self.sensitivity:g}",
-        )
-        self.mu = self.sensitivity / self.sigma
+        source = f"epsilon={self.epsilon:g}, delta={self.delta:g}"
+        if isinstance(sensitivity, tuple):  # both calibrations are linear in the sensitivity
+            unit = calibrators[calibration](self.epsilon, self.delta, 1.0)
+            self.sigma = tuple(check_scale("sigma", math.sqrt(dim) * d * unit, source) for d in sensitivity)
+            self.mu = 1.0 / unit
+        else:
+            self.sigma = check_scale(
+                "sigma",
+                calibrators[calibration](self.epsilon, self.delta, self.sensitivity),
+                f"{source}, sensitivity={self.sensitivity:g}",
+            )
+            self.mu = self.sensitivity / self.sigma
 
     @classmethod
-    def gdp(cls, mu: float, sensitivity: float, dim: int = 1, delta: float = 1e-6) -> Gaussian:
-        """The ``mu``-GDP mechanism ``sigma = sensitivity / mu``; ``epsilon`` is its exact value at ``delta``."""
+    def gdp(
+        cls, mu: float, sensitivity: float | tuple[float, ...], dim: int | None = None, delta: float = 1e-6
+    ) -> Gaussian:
+        """The ``mu``-GDP mechanism ``sigma = sensitivity / mu`` (per coordinate ``sigma_j = sqrt(d) Delta_j / mu``);
+        ``epsilon`` is its exact value at ``delta``."""
         mu = check_positive("mu", mu)
-        if analytic_delta(mu, 1e-12) <= delta:
-            raise ValueError(f"a {mu}-GDP mechanism is already (0, {delta})-DP; choose a smaller delta")
-        upper = 1.0
-        while analytic_delta(mu, upper) > delta:  # delta(epsilon) decreases; bracket the root
-            upper *= 2
-        epsilon = brentq(lambda e: analytic_delta(mu, e) - delta, 1e-12, upper, xtol=1e-14)
-        mech = cls(epsilon, delta, sensitivity, dim, calibration="analytic")
-        mech.mu, mech.sigma = mu, mech.sensitivity / mu
+        mech = cls(gdp_epsilon(mu, delta), delta, sensitivity, dim, calibration="analytic")
+        mech.mu = mu
+        if isinstance(mech.sensitivity, tuple):
+            mech.sigma = tuple(math.sqrt(mech.dim) * d / mu for d in mech.sensitivity)
+        else:
+            mech.sigma = mech.sensitivity / mu
         return mech
 
     @classmethod
-    def from_sigma(cls, sigma: float, sensitivity: float, dim: int = 1, delta: float = 1e-6) -> Gaussian:
+    def from_sigma(
+        cls,
+        sigma: float | tuple[float, ...],
+        sensitivity: float | tuple[float, ...],
+        dim: int | None = None,
+        delta: float = 1e-6,
+    ) -> Gaussian:
         """The mechanism with noise standard deviation ``sigma`` exactly (``mu = sensitivity / sigma``-GDP,
-        ``rho = mu^2 / 2``-zCDP); ``epsilon`` is its exact value at ``delta``."""
-        sigma = check_positive("sigma", sigma)
-        mech = cls.gdp(check_positive("sensitivity", sensitivity) / sigma, sensitivity, dim, delta)
-        mech.sigma = sigma
+        ``rho = mu^2 / 2``-zCDP; per coordinate ``mu = sqrt(sum_j (sensitivity_j / sigma_j)^2)``); ``epsilon`` is
+        its exact value at ``delta``."""
+        sigma, _ = check_coordinates("sigma", sigma, dim)
+        sensitivity, _ = check_coordinates("sensitivity", sensitivity, dim)
+        if not isinstance(sigma, tuple) and not isinstance(sensitivity, tuple):
+            mech = cls.gdp(sensitivity / sigma, sensitivity, dim, delta)
+            mech.sigma = sigma
+            return mech
+        sigma, sensitivity = per_coordinate(sigma, sensitivity)
+        mech = cls.gdp(
+            math.sqrt(sum((d / s) ** 2 for d, s in zip(sensitivity, sigma))), sensitivity, None, delta
+        )
+        mech.sigma = tuple(check_scale("sigma", s) for s in sigma)
         return mech
 
     def with_epsilon(self, epsilon: float | Tensor) -> Gaussian:
         """The same mechanism (sensitivity, dim, delta) at another ``epsilon``, by the same calibration:
         classic or analytic. A Gaussian-DP mechanism (:meth:`gdp`, :meth:`from_sigma`) is re-calibrated
         analytically, which is exactly its own family: its epsilon at ``delta`` is the analytic one, so the
-        result is the ``mu``-GDP mechanism whose epsilon at ``delta`` is ``epsilon``. A tensor of epsilons
-        broadcasting with the summaries gives one mechanism drawing each row at its own epsilon (its
-        ``sigma`` a tensor, :func:`analytic_mu` vectorized; :mod:`dpsbi.mechanisms.epsilon`)."""
+        result is the ``mu``-GDP mechanism whose epsilon at ``delta`` is ``epsilon``. Per-coordinate sigmas are
+        all multiplied by ``mu / mu'`` (the same split of ``mu^2``). A tensor of epsilons broadcasting with the
+        summaries gives one mechanism drawing each row at its own epsilon (its ``sigma`` a tensor,
+        :func:`analytic_mu` vectorized; :mod:`dpsbi.mechanisms.epsilon`)."""
         calibration = getattr(self, "_calibration", "analytic")
+        vector = isinstance(self.sigma, tuple)
         if not torch.is_tensor(epsilon):
-            return type(self)(epsilon, self.delta, self.sensitivity, self.dim, calibration)
+            if not vector:
+                return type(self)(epsilon, self.delta, self.sensitivity, self.dim, calibration)
+            mu = 1.0 / {"classic": classic_sigma, "analytic": analytic_sigma}[calibration](
+                check_positive("epsilon", epsilon), self.delta, 1.0
+            )
+            sigma = tuple(s * self.mu / mu for s in self.sigma)
+            return batched_copy(
+                self, float(epsilon), sigma=tuple(check_scale("sigma", s) for s in sigma), mu=mu
+            )
         epsilon = epsilons(epsilon)
         if calibration == "classic":
             if bool((epsilon >= 1).any()):
@@ -169,36 +230,49 @@ class Gaussian(AdditiveNoise, Mechanism):
                     f"classic Gaussian calibration needs epsilon < 1 (got up to {float(epsilon.max()):g}); "
                     "use calibration='analytic'"
                 )
-            sigma = self.sensitivity * math.sqrt(2 * math.log(1.25 / self.delta)) / epsilon
+            mu = epsilon / math.sqrt(2 * math.log(1.25 / self.delta))
         else:
-            sigma = (self.sensitivity / analytic_mu(epsilon, self.delta)).to(epsilon.dtype)
+            mu = analytic_mu(epsilon, self.delta).to(epsilon.dtype)
+        if vector:
+            return batched_copy(
+                self, epsilon, sigma=coordinate_tensor(self, self.sigma, epsilon) * (self.mu / mu), mu=mu
+            )
+        sigma = self.sensitivity / mu
         return batched_copy(self, epsilon, sigma=sigma, mu=self.sensitivity / sigma)
 
     @property
     def rho(self) -> float:
-        """Its zero-concentrated DP parameter ``rho = sensitivity^2 / (2 sigma^2)`` (Bun & Steinke 2016)."""
+        """Its zero-concentrated DP parameter ``rho = sensitivity^2 / (2 sigma^2)`` (Bun & Steinke 2016); per
+        coordinate ``mu^2 / 2``, ``mu^2 = sum_j (sensitivity_j / sigma_j)^2``."""
+        if isinstance(self.sigma, tuple):
+            return sum((d / s) ** 2 for d, s in zip(self.sensitivity, self.sigma)) / 2
         return self.sensitivity**2 / (2 * self.sigma**2)
+
+    def _sd(self, like: Tensor):
+        """The noise standard deviation ready to combine with ``like (..., dim)``: a float or a tensor."""
+        return coordinate_tensor(self, self.sigma, like)
 
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
         # ndtri stays finite for every u in (0, 1); sqrt(2) erfinv(2u - 1) is -inf in float32 below u = 2^-25.
-        return s + self.sigma * torch.special.ndtri(u)
+        return s + self._sd(u) * torch.special.ndtri(u)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
-        z = (y - s) / self.sigma
-        return (-0.5 * z**2 - math.log(self.sigma) - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return self.noise_log_prob(y - s).sum(-1)
 
     def max_log_prob(self, y: Tensor) -> Tensor:
-        value = -self.dim * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+        value = -log_sum(self.sigma, self.dim) - self.dim * 0.5 * math.log(2 * math.pi)
         return torch.full(y.shape[:-1], value, dtype=y.dtype, device=y.device)
 
     def noise_log_prob(self, x: Tensor) -> Tensor:
-        return -0.5 * (x / self.sigma) ** 2 - math.log(self.sigma) - 0.5 * math.log(2 * math.pi)
+        sd = self._sd(x)
+        log_sd = math.log(sd) if isinstance(sd, float) else torch.log(sd)
+        return -0.5 * (x / sd) ** 2 - log_sd - 0.5 * math.log(2 * math.pi)
 
     def noise_log_cdf(self, x: Tensor) -> Tensor:
-        return torch.special.log_ndtr(x / self.sigma)
+        return torch.special.log_ndtr(x / self._sd(x))
 
     def __repr__(self) -> str:
         return (
             f"Gaussian(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g}, "
-            f"sensitivity={self.sensitivity:g}, sigma={self.sigma:g}, mu={self.mu:g})"
+            f"sensitivity={show(self.sensitivity)}, sigma={show(self.sigma)}, mu={self.mu:g})"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from .base import Mechanism
+from .composition import Composition
 from .discrete import DiscreteGaussian, DiscreteLaplace
 from .gaussian import Gaussian
 from .laplace import Laplace
@@ -17,6 +18,9 @@ SUPPORTED = (
     "(ZeroConcentratedDivergence) directly on a number (atom_domain, absolute_distance) or a vector "
     "(vector_domain(atom_domain), l1_distance for Laplace, l2_distance for Gaussian) of integers or floats"
 )
+#: OpenDP combinators whose measurement releases every part's output on the same input (their ``measurements``).
+_COMPOSITIONS = {"make_composition", "make_basic_composition"}
+_INTERACTIVE = {"make_sequential_composition", "make_adaptive_composition", "make_fully_adaptive_composition"}
 _INTEGERS = {"i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize"}
 _FLOATS = {"f32", "f64"}
 
@@ -25,9 +29,17 @@ def _refuse(what: str) -> ValueError:
     return ValueError(f"from_opendp supports {SUPPORTED}; got {what}")
 
 
-def from_opendp(measurement, sensitivity: float, dim: int | None = None, *, delta: float = 1e-6) -> Mechanism:
+def from_opendp(
+    measurement, sensitivity: float, dim: int | list[int] | None = None, *, delta: float = 1e-6
+) -> Mechanism:
     """The dpsbi mechanism of an OpenDP ``measurement`` applied to a statistic of the given ``sensitivity``
     (its input distance: absolute for a number, L1 / L2 for a vector).
+
+    A ``make_composition`` of such measurements (on the same input, so the same ``sensitivity``) becomes a
+    :class:`~dpsbi.mechanisms.Composition` of their mechanisms, one block per part in order (``dim``: one for
+    all parts or a list, one per part; ``delta`` shared evenly by the zCDP parts, so that the composition states
+    its epsilon at ``delta``); a part converted by ``make_pureDP_to_zCDP`` is its inner measurement (the same
+    noise; the composition's accounting converts it). An unsupported part is refused in one line naming it.
 
     Integer domains give :class:`DiscreteLaplace` / :class:`DiscreteGaussian`, float domains :class:`Laplace` /
     :class:`Gaussian`. The noise scale is read off the privacy map: ``epsilon = measurement.map(sensitivity)``
@@ -41,6 +53,15 @@ def from_opendp(measurement, sensitivity: float, dim: int | None = None, *, delt
         raise ImportError(f'from_opendp needs OpenDP: pip install "dpsbi[opendp]" ({error})') from None
     if not isinstance(measurement, Measurement):
         raise _refuse(f"a {type(measurement).__name__}, not an OpenDP Measurement")
+    measurement = _unconverted(measurement)
+    function = _made_by(measurement)[0]
+    if function in _INTERACTIVE:
+        raise ValueError(
+            f"from_opendp: {function} is interactive (its queries are chosen as it runs); compose the "
+            "measurements up front with make_composition"
+        )
+    if function in _COMPOSITIONS:
+        return _composition(_made_by(measurement)[1]["measurements"], sensitivity, dim, delta)
     domain, metric = measurement.input_domain, str(measurement.input_metric.type)
     measure = str(measurement.output_measure.type)
     vector = isinstance(domain, VectorDomain) and isinstance(domain.element_domain, AtomDomain)
@@ -92,3 +113,34 @@ def from_opendp(measurement, sensitivity: float, dim: int | None = None, *, delt
         mech.rho = loss
         return mech
     return Gaussian.from_sigma(sigma, sensitivity, dim, delta=delta)
+
+
+def _made_by(measurement) -> tuple[str | None, dict]:
+    """The OpenDP constructor that made ``measurement`` and its keyword arguments (``(None, {})`` if unknown)."""
+    record = getattr(measurement, "__opendp_dict__", None) or {}
+    return record.get("__function__"), record.get("__kwargs__", {})
+
+
+def _unconverted(measurement):
+    """``measurement`` less any ``make_pureDP_to_zCDP`` around it (a change of guarantee, not of noise)."""
+    while _made_by(measurement)[0] == "make_pureDP_to_zCDP":
+        measurement = _made_by(measurement)[1]["measurement"]
+    return measurement
+
+
+def _composition(parts, sensitivity: float, dim, delta: float) -> Composition:
+    """The :class:`Composition` of the dpsbi mechanisms of an OpenDP composition's ``parts``."""
+    parts = [_unconverted(p) for p in parts]
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim] * len(parts)
+    if len(dims) != len(parts):
+        raise ValueError(
+            f"from_opendp: dim lists {len(dims)} block sizes for a composition of {len(parts)} parts"
+        )
+    zcdp = sum(str(p.output_measure.type) == "ZeroConcentratedDivergence" for p in parts)
+    blocks = []
+    for j, (part, size) in enumerate(zip(parts, dims)):
+        try:
+            blocks.append(from_opendp(part, sensitivity, size, delta=delta / max(zcdp, 1)))
+        except ValueError as error:
+            raise ValueError(f"from_opendp: part {j} of the composition: {error}") from None
+    return Composition(blocks)

@@ -34,13 +34,32 @@ SIMULATOR_PROBE_SEED = 20261126
 
 
 def mechanism_identity(mechanism: Mechanism) -> dict:
-    """The mechanism's type and its public scalar parameters (epsilon, delta, sensitivity, scale, ...)."""
+    """The mechanism's type and its public parameters: numbers (epsilon, delta, sensitivity, scale, ...),
+    per-coordinate tuples of numbers (as lists), and the blocks of a composition (each block's identity, a
+    post-processed block's with its inner mechanism and step)."""
     params = {
-        k: v
+        k: list(v) if isinstance(v, tuple) else v
         for k, v in sorted(vars(mechanism).items())
-        if not k.startswith("_") and isinstance(v, (bool, int, float, str))
+        if not k.startswith("_") and (isinstance(v, (bool, int, float, str)) or _numbers_tuple(v))
     }
+    blocks = getattr(mechanism, "blocks", None)
+    if isinstance(blocks, (list, tuple)) and all(isinstance(b, Mechanism) for b in blocks):
+        params["blocks"] = [_block_identity(b) for b in blocks]
     return {"type": type(mechanism).__name__, **params}
+
+
+def _block_identity(block: Mechanism) -> dict:
+    out = mechanism_identity(block)
+    inner, step = getattr(block, "inner", None), getattr(block, "step", None)
+    if isinstance(inner, Mechanism):
+        out.update(inner=_block_identity(inner), step=getattr(step, "name", repr(step)))
+    return out
+
+
+def _numbers_tuple(value) -> bool:
+    return isinstance(value, tuple) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    )
 
 
 def prior_identity(task: Task) -> dict:
