@@ -163,7 +163,11 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
     # The first fit is widened by the prior's spread: the chains may start at a few distinct points (a
     # resampled init of a narrow posterior), whose covariance would keep them together.
     fit = _TFit.of(x, floor + spread)
-    kept, first, updates = [], torch.zeros((), dtype=torch.long, device=device), 0  # first: read once, at the end
+    kept, first, updates = (
+        [],
+        torch.zeros((), dtype=torch.long, device=device),
+        0,
+    )  # first: read once, at the end
     for step in _steps(steps, progress):
         window = history[len(history) // 2 :]
         if 0 < step < warmup and len(window) * chains >= 10 * (dim + 1):
