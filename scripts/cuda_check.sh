@@ -55,7 +55,7 @@ timeout -k 10 "$TEST_SECONDS" python3 -m pytest -q -p no:cacheprovider -rfE -n 8
 stamp "pytest rc $? ($(tail -1 "$OUT/pytest.log"))"
 
 stamp "training steps, CUDA then one CPU core"
-timeout -k 10 "$BENCH_SECONDS" python3 scripts/bench_step.py --devices cuda --repeats 30 \
+timeout -k 10 "$BENCH_SECONDS" python3 scripts/bench_step.py --devices cuda --sizes 100 10000 1000 --repeats 30 \
   --json "$OUT/bench_step.jsonl" >>"$log" 2>&1
 stamp "bench cuda rc $?"
 
