@@ -12,6 +12,7 @@ rows use one torch thread (the fits' default).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -20,7 +21,7 @@ import warnings
 import torch
 
 import dpsbi
-from dpsbi.inference.training import TrainingSettings, _Round, batches
+from dpsbi.inference.training import TrainingSettings, _deterministic, _Round, batches
 
 SIZES = (100, 1000, 10000)
 
@@ -46,44 +47,59 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(backend: str, device: str, batch: int, compiled: bool, warmup: int, repeats: int) -> dict:
-    """One row: ms per step (median and min), steps timed, compile seconds, synchronizations per step."""
+def measure(
+    backend: str,
+    device: str,
+    batch: int,
+    compiled: str | None,
+    deterministic: bool,
+    warmup: int,
+    repeats: int,
+) -> dict:
+    """One row: ms per step (median and min), steps timed, the first step's seconds (compiling, when compiled),
+    synchronizations per step. ``compiled``: a ``torch.compile`` mode, or ``None`` for eager; ``deterministic``:
+    under the deterministic kernels a fit on CUDA runs with (``_deterministic``)."""
     device = torch.device(device)
     estimator = _estimator(backend, batch)
     flow = estimator.flow.to(device)
     data = tuple(t.to(device) for t in estimator._dataset(False))
-    settings = TrainingSettings(batch_size=batch, accelerator=device.type, compile=compiled, max_steps=10_000)
-    state = _Round(flow, estimator.loss(1), settings, seed=0, steps=10_000)
+    settings = TrainingSettings(
+        batch_size=batch, accelerator=device.type, compile=compiled is not None, max_steps=10_000
+    )
+    state = _Round(flow, estimator.loss(1), settings, 0, 10_000, compile_mode=compiled or "default")
     rows = next(batches(torch.arange(data[0].shape[0], device=device), batch))
-    start = time.perf_counter()
-    state.step(data, rows)  # the first step compiles, when compiling, and builds Adam's state
-    _sync(device)
-    first = time.perf_counter() - start
-    for _ in range(warmup):
-        state.step(data, rows)
-    _sync(device)
-    times = []
-    for _ in range(repeats):
+    with _deterministic(device) if deterministic else contextlib.nullcontext():
         start = time.perf_counter()
-        state.step(data, rows)
+        state.step(data, rows)  # the first step compiles, when compiling, and builds Adam's state
         _sync(device)
-        times.append(time.perf_counter() - start)
-    syncs = None
-    if device.type == "cuda":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                state.step(data, rows)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        first = time.perf_counter() - start
+        for _ in range(warmup):
+            state.step(data, rows)
+        _sync(device)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            state.step(data, rows)
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        syncs = None
+        if device.type == "cuda":
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    state.step(data, rows)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            # the first call of the debug mode also warns that it is a prototype: not a synchronization
+            syncs = sum("synchroniz" in str(w.message) and "prototype" not in str(w.message) for w in caught)
     return {
         "backend": backend,
         "device": device.type,
         "batch": batch,
         "flow_evaluations": batch * 10,
         "compiled": compiled,
+        "deterministic": deterministic,
         "ms_median": 1000 * statistics.median(times),
         "ms_min": 1000 * min(times),
         "steps_timed": repeats,
@@ -102,18 +118,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--backends", nargs="+", default=["dpsbi", "nflows"])
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
     parser.add_argument(
-        "--compile-on", nargs="*", default=["cuda"], help="devices whose rows are also compiled"
+        "--compile-on", nargs="*", default=["cuda"], help="devices whose dpsbi rows are also compiled"
+    )
+    parser.add_argument(
+        "--compile-modes", nargs="*", default=["default"], help="torch.compile modes of those rows"
+    )
+    parser.add_argument(
+        "--deterministic", action="store_true", help="also eager CUDA rows, deterministic kernels"
     )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", help="append each row to this JSON-lines file as it is measured")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    plan = [(d, b, n, False) for d in args.devices for b in args.backends for n in args.sizes]
-    plan += [(d, "dpsbi", n, True) for d in args.devices if d in args.compile_on for n in args.sizes]
+    plan = [(d, b, n, None, False) for d in args.devices for b in args.backends for n in args.sizes]
+    if args.deterministic:
+        plan += [(d, "dpsbi", n, None, True) for d in args.devices if d == "cuda" for n in args.sizes]
+    plan += [
+        (d, "dpsbi", n, mode, False)
+        for d in args.devices
+        if d in args.compile_on
+        for mode in args.compile_modes
+        for n in args.sizes
+    ]
     out = []
-    for device, backend, batch, compiled in plan:  # eager rows first, compiled ones (slow to build) last
-        row = measure(backend, device, batch, compiled, args.warmup, args.repeats)
+    for device, backend, batch, compiled, deterministic in plan:  # compiled rows (slow to build) last
+        row = measure(backend, device, batch, compiled, deterministic, args.warmup, args.repeats)
         print(json.dumps(row), flush=True)
         out.append(row)
         if args.json:

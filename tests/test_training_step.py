@@ -107,7 +107,9 @@ def test_a_training_step_on_cuda_never_synchronizes(method):
                 state.step(data, rows)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    syncs = [
+        str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
+    ]
     assert not syncs, syncs[:3]
 
 

@@ -174,7 +174,15 @@ def compiles(settings: TrainingSettings, device: torch.device, steps: int | None
 class _Round:
     """The state of one round's fit: the flow, optimizer and schedule, generators, and the best weights."""
 
-    def __init__(self, flow: nn.Module, loss: Loss, settings: TrainingSettings, seed: int, steps: int | None):
+    def __init__(
+        self,
+        flow: nn.Module,
+        loss: Loss,
+        settings: TrainingSettings,
+        seed: int,
+        steps: int | None,
+        compile_mode: str = "default",
+    ):
         self.flow, self.loss, self.settings = flow, loss, settings
         device = next(flow.parameters()).device
         self.shuffle = torch.Generator(device=device).manual_seed(derive_seed(seed, "shuffle"))
@@ -190,7 +198,7 @@ class _Round:
         )
         compute = loss.compute
         if compiles(settings, device, steps):
-            compute = torch.compile(compute, fullgraph=True, dynamic=False)
+            compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=compile_mode)
         self.compute = compute
         dtype = str(settings.precision)
         self.autocast = (

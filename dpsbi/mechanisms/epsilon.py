@@ -13,7 +13,6 @@ ones included, or refuses the family in one line (:func:`epsilon_range_problem`)
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -49,8 +48,9 @@ def epsilons(epsilon) -> Tensor:
 
 def batched_copy(mechanism: Mechanism, epsilon: Tensor, **attributes) -> Mechanism:
     """A copy of ``mechanism`` with ``epsilon`` (a tensor) and the noise ``attributes`` that follow from it."""
-    out = copy.copy(mechanism)
-    out.__dict__.update(epsilon=epsilon, **attributes)
+    out = object.__new__(type(mechanism))  # not copy.copy, which torch.compile (2.11) refuses to trace
+    for key, value in {**vars(mechanism), "epsilon": epsilon, **attributes}.items():
+        setattr(out, key, value)
     return out
 
 
