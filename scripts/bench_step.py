@@ -66,7 +66,7 @@ def measure(
     settings = TrainingSettings(
         batch_size=batch, accelerator=device.type, compile=compiled is not None, max_steps=10_000
     )
-    state = _Round(flow, estimator.loss(1), settings, 0, 10_000, compile_mode=compiled or "default")
+    state = _Round(flow, estimator.loss(1), settings, 0, 10_000, compile_mode=compiled)
     rows = next(batches(torch.arange(data[0].shape[0], device=device), batch))
     with _deterministic(device) if deterministic else contextlib.nullcontext():
         start = time.perf_counter()
