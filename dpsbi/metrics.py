@@ -1,4 +1,5 @@
-"""Scores of posterior draws: distances to a reference (C2ST, MMD), NLOG, LMD, and calibration (SBC, TARP).
+"""Scores of posterior draws: distances to a reference (C2ST, MMD), spreads against the reference's (sd and
+central 95 % width ratios), NLOG, LMD, and calibration (SBC, TARP).
 
 All functions take draws as ``(n, d)`` tensors on any device and return Python floats (or dicts of them).
 """
@@ -21,8 +22,10 @@ if TYPE_CHECKING:
     from .tasks import Task
 
 
-def _check_pair(a: Tensor, b: Tensor, metric: str, min_rows: int = 2) -> tuple[Tensor, Tensor]:
-    """Draws ``a (n, d)`` and ``b (m, d)`` as float32 CPU tensors, or a ``ValueError`` naming ``metric``, the
+def _check_pair(
+    a: Tensor, b: Tensor, metric: str, min_rows: int = 2, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """Draws ``a (n, d)`` and ``b (m, d)`` as CPU tensors of ``dtype``, or a ``ValueError`` naming ``metric``, the
     argument at fault and the problem: shapes, fewer than ``min_rows`` rows, rows with NaN/inf."""
     a, b = torch.as_tensor(a), torch.as_tensor(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
@@ -35,7 +38,7 @@ def _check_pair(a: Tensor, b: Tensor, metric: str, min_rows: int = 2) -> tuple[T
         bad = int((~torch.isfinite(draws).all(-1)).sum())
         if bad:
             raise ValueError(f"{metric}: {name} has {bad} of {draws.shape[0]} rows with NaN/inf")
-    return a.detach().float().cpu(), b.detach().float().cpu()
+    return a.detach().to(dtype).cpu(), b.detach().to(dtype).cpu()
 
 
 def c2st(a: Tensor, b: Tensor, seed: int = 1, classifier: str = "rf", n_folds: int = 5) -> float:
@@ -51,6 +54,28 @@ def mmd(a: Tensor, b: Tensor, scale: float | None = None) -> float:
     length scale unless ``scale`` is given)."""
     a, b = _check_pair(a, b, "mmd")
     return float(unbiased_mmd_squared(a, b, scale=scale))
+
+
+#: The spread measures of :func:`spread_ratios`, by the name of their ratio in the run tables.
+SPREADS = ("sd_ratio", "width95_ratio")
+
+
+def spread_ratios(draws: Tensor, reference: Tensor) -> dict[str, list[float]]:
+    """Per-parameter spread of ``draws (n, d)`` over that of ``reference (m, d)``, as ratios (draws / reference):
+    ``sd_ratio`` the standard deviations' (with Bessel's correction), ``width95_ratio`` the central 95 %
+    intervals' widths (the 0.975 minus the 0.025 quantile, linearly interpolated). Above 1: too wide, e.g. far
+    tail draws that a C2ST near 0.5 barely registers. Computed in float64."""
+    a, b = _check_pair(draws, reference, "spread_ratios", dtype=torch.float64)
+    levels = torch.tensor([0.025, 0.975], dtype=torch.float64)
+
+    def width(x: Tensor) -> Tensor:
+        low, high = torch.quantile(x, levels, dim=0)
+        return high - low
+
+    return {
+        "sd_ratio": (a.std(0) / b.std(0)).tolist(),
+        "width95_ratio": (width(a) / width(b)).tolist(),
+    }
 
 
 def kde_log_prob(samples: Tensor, points: Tensor, bandwidth: float | None = None) -> Tensor:

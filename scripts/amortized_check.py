@@ -5,7 +5,9 @@ thread), then at each of three epsilons of the range:
 
 - accuracy: ``--releases`` releases drawn from the prior predictive (a prior draw, its confidential summary, the
   mechanism at that epsilon), each scored by C2ST between 2000 draws (``--draws``) of the posterior and as many
-  of the task's exact posterior at that release and epsilon;
+  of the task's exact posterior at that release and epsilon, and by the spread ratios (posterior sd and central
+  95 % width over the exact posterior's, per parameter: ``dpsbi.metrics.spread_ratios``), whose mean over
+  releases and parameters and largest per-parameter deviation from 1 are reported;
 - calibration: sbi's own ``run_sbc`` / ``check_sbc`` (KS p-value of each parameter's ranks) and ``run_tarp`` /
   ``check_tarp`` (ATC, KS p-value) over ``--pairs`` prior-predictive pairs, the posterior set to that epsilon
   with ``set_default_epsilon`` so that sbi's calls pass releases only;
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 
 import dpsbi
-from dpsbi.metrics import c2st
+from dpsbi.metrics import SPREADS, c2st, spread_ratios
 
 #: name -> (tasks.load arguments, epsilon range of the fit, the epsilons scored).
 TASKS = {
@@ -89,6 +91,18 @@ def calibration(task, posterior, pairs: int, seed: int) -> dict:
     }
 
 
+def spread_summary(spreads: list[dict[str, list[float]]]) -> dict:
+    """Per spread measure (``sd_ratio``, ``width95_ratio``): its mean over releases and parameters, its mean per
+    parameter over releases, and the ratio farthest from 1 (in log) of any release and parameter."""
+    out = {}
+    for name in SPREADS:
+        table = torch.tensor([s[name] for s in spreads])  # (releases, parameters)
+        out[f"{name}_mean"] = round(float(table.mean()), 4)
+        out[f"{name}_by_parameter"] = [round(v, 4) for v in table.mean(0).tolist()]
+        out[f"{name}_worst"] = round(float(table.flatten()[table.log().abs().argmax()]), 4)
+    return out
+
+
 def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
     task = load(arguments, (low * high) ** 0.5)
@@ -121,10 +135,9 @@ def check(name: str, args: argparse.Namespace) -> None:
         began = time.perf_counter()
         draws = posterior.sample_batched((args.draws,), y=y, epsilon=epsilon, seed=0)
         batched = time.perf_counter() - began
-        scores = [
-            round(c2st(draws[:, i], exact_draws(at, y[i], args.draws, seed=i)), 4)
-            for i in range(args.releases)
-        ]
+        exact = [exact_draws(at, y[i], args.draws, seed=i) for i in range(args.releases)]
+        scores = [round(c2st(draws[:, i], exact[i]), 4) for i in range(args.releases)]
+        spreads = [spread_ratios(draws[:, i], exact[i]) for i in range(args.releases)]
         row = {
             "task": name,
             "epsilon": epsilon,
@@ -133,6 +146,7 @@ def check(name: str, args: argparse.Namespace) -> None:
             "c2st": scores,
             "c2st_mean": round(statistics.mean(scores), 4),
             "c2st_worst": max(scores),
+            **spread_summary(spreads),
             f"draws_{args.draws}_one_release_s": round(statistics.median(single), 4),
             f"draws_{args.draws}_at_{args.releases}_releases_s": round(batched, 4),
             **calibration(at, posterior, args.pairs, seed=200 + k),

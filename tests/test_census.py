@@ -162,3 +162,28 @@ def test_the_stored_references_have_their_provenance_and_enough_ess(stem, kwargs
     assert reference.note.startswith("APPROXIMATE: stored reference")
     for other in (census(seed=1, **kwargs), census(rho=0.1, **kwargs), census(population=999, **kwargs)):
         assert stored_references.find(other) is None
+
+
+def test_an_amortized_fit_over_a_range_of_rho_samples_at_any_rho_in_it():
+    """One SPPE fit over rho in [0.05, 1] (as the epsilons of the zCDP conversion at the table's delta, so that
+    the production 0.2461 lies inside): each simulation's release is drawn at its own rho, and the posterior
+    samples at two rhos, different releases for different privacy levels."""
+    task = census()
+    inner = task.mechanism.inner
+    low, high = (inner.with_rho(rho).epsilon for rho in (0.05, 1.0))
+    assert low < task.epsilon < high
+    posterior = dpsbi.SPPE(
+        task,
+        amortized=True,
+        epsilon_range=(low, high),
+        rounds=1,
+        sims_per_round=200,
+        flow=dict(transforms=1, hidden=16),
+        training=dict(max_steps=30),
+        progress=False,
+    ).run()
+    draws = [posterior.sample((50,), epsilon=inner.with_rho(rho).epsilon, seed=0) for rho in (0.1, RHO_2020)]
+    assert all(d.shape == (50, 3) and torch.isfinite(d).all() for d in draws)
+    assert not torch.equal(*draws)  # the flow is conditioned on the privacy level
+    with pytest.raises(ValueError, match="epsilon"):
+        posterior.sample((5,), epsilon=inner.with_rho(3.0).epsilon)

@@ -257,6 +257,95 @@ def test_bad_parameters_are_refused_in_one_line(make, name):
     assert "\n" not in str(error.value)
 
 
+# ---- one sigma per row (batched calibration and sampling) -----------------------------------------------------
+
+EPSILONS = [0.02, 0.1, 0.3, 1.0, 2.5, 10.0]
+
+
+@pytest.mark.parametrize(("dim", "sensitivity", "delta"), [(1, 1, 1e-6), (1, 3, 1e-10), (46, 2**0.5, 1e-10)])
+def test_per_row_calibration_from_epsilon_is_the_scalar_one(dim, sensitivity, delta):
+    """dim 1: CKS Thm. 7 bisected on the device; dim > 1: the largest rho whose zCDP conversion gives epsilon."""
+    mech = DiscreteGaussian(1.0, delta, sensitivity, dim)
+    batched = mech.with_epsilon(torch.tensor(EPSILONS).reshape(-1, 1, 1))
+    expected = [DiscreteGaussian(e, delta, sensitivity, dim) for e in EPSILONS]
+    assert batched.sigma.shape == (len(EPSILONS), 1, 1)
+    for got, want in zip(batched.sigma.flatten().tolist(), expected):
+        assert got == pytest.approx(want.sigma, rel=1e-6)
+    for got, want in zip(batched.rho.flatten().tolist(), expected):
+        assert got == pytest.approx(want.rho, rel=1e-6)
+
+
+@pytest.mark.parametrize(("dim", "sensitivity"), [(1, 1), (1, 2), (46, 2**0.5)])
+def test_per_row_calibration_from_rho_and_sigma_is_the_scalar_one(dim, sensitivity):
+    mech = DiscreteGaussian.from_rho(0.2461, sensitivity, dim, 1e-10)
+    rhos = [0.01, 0.05, 0.2461, 1.0, 3.0]
+    by_rho = mech.with_rho(torch.tensor(rhos))
+    for i, rho in enumerate(rhos):
+        want = DiscreteGaussian.from_rho(rho, sensitivity, dim, 1e-10)
+        assert float(by_rho.sigma[i]) == pytest.approx(want.sigma, rel=1e-6)
+        assert float(by_rho.epsilon[i]) == pytest.approx(want.epsilon, rel=1e-6)
+    sigmas = [0.7, 2.016, 9.0, 150.0]
+    by_sigma = mech.with_sigma(torch.tensor(sigmas))
+    for i, sigma in enumerate(sigmas):
+        want = DiscreteGaussian.from_sigma(sigma, sensitivity, dim, 1e-10)
+        assert float(by_sigma.rho[i]) == pytest.approx(want.rho, rel=1e-6)
+        assert float(by_sigma.epsilon[i]) == pytest.approx(want.epsilon, rel=1e-6)
+
+
+@pytest.mark.parametrize("sigma", [0.05, 0.6, 2.016, 13.0, 400.0])
+def test_per_row_transform_is_the_scalar_transform(sigma):
+    """Bit-identical to the table's searchsorted wherever the table holds the quantile (u above 1e-16: the table
+    leaves out mass below 1e-21, which shifts quantiles only at smaller u)."""
+    mech = DiscreteGaussian(sigma=sigma, delta=0.4 if sigma < 0.1 else 1e-6)
+    generator = torch.Generator().manual_seed(SEED)
+    u = torch.cat(
+        [
+            torch.rand(20000, generator=generator),
+            torch.exp(-36 * torch.rand(20000, generator=generator)),  # the lower tail, down to 2e-16
+            1 - torch.exp(-36 * torch.rand(20000, generator=generator)),
+            torch.tensor([0.5]),
+        ]
+    ).reshape(-1, 1)
+    s = torch.full((1,), 7.0)
+    batched = mech.with_sigma(torch.full((1, 1), sigma))  # broadcasting over the rows
+    assert torch.equal(batched.sample(s, u), mech.sample(s, u))
+
+
+def test_per_row_transform_draws_each_row_from_its_own_distribution():
+    """Rows at sigmas 0.4, 2.016 and 9 in one call: each row's 20000 draws against its exact pmf (chi-square)."""
+    sigmas = torch.tensor([0.4, 2.016, 9.0])
+    mech = DiscreteGaussian.from_rho(0.2461).with_sigma(sigmas.reshape(-1, 1, 1))
+    u = torch.rand(3, 20000, 1, generator=torch.Generator().manual_seed(SEED))
+    draws = mech.sample(torch.zeros(3, 1, 1), u)[..., 0].numpy()
+    for row, sigma in enumerate(sigmas.tolist()):
+        k = np.arange(-math.ceil(5 * sigma) - 1, math.ceil(5 * sigma) + 2)
+        pmf = dg_pmf(k, sigma)
+        observed = np.array([(draws[row] == v).sum() for v in k])
+        assert observed.sum() > 19990  # the rest lies beyond 5 sigma
+        assert chi_square_pvalue(observed, pmf / pmf.sum() * observed.sum()) > 1e-3
+
+
+def test_the_batched_path_never_reads_values_on_the_host():
+    """Calibration and sampling run on the meta device, where a tensor has no values: no .item(), no boolean
+    mask, no branch on a value (what would make a training step wait for the GPU)."""
+    one, table = DiscreteGaussian(1.0, 1e-6), DiscreteGaussian.from_rho(0.2461, 2**0.5, 46, 1e-10)
+    rows = torch.empty(8, 1, 1, device="meta")
+    for mech, batched in (
+        (one, one.with_epsilon(rows)),
+        (table, table.with_epsilon(rows)),
+        (table, table.with_rho(rows)),
+    ):
+        s = torch.empty(8, 1, mech.dim, device="meta", dtype=torch.float64)
+        y = batched.sample(s, torch.empty(8, 4, mech.dim, device="meta", dtype=torch.float64))
+        assert y.shape == (8, 4, mech.dim) and y.device.type == "meta"
+
+
+def test_per_row_sigmas_beyond_the_table_limit_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="sigma=") as error:
+        DiscreteGaussian(1.0, 1e-9).with_epsilon(torch.tensor([1.0, 1e-7]))  # sigma ~ 4e8
+    assert "\n" not in str(error.value)
+
+
 # ---- exact ABC on a discrete mechanism ------------------------------------------------------------------------
 
 

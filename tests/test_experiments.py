@@ -49,7 +49,7 @@ QUICK = [
     "trainer=cpu",
     "trainer.threads=1",
     "evaluation.num_samples=200",
-    "evaluation.metrics=[mmd,nlog,lmd]",
+    "evaluation.metrics=[mmd,sd_ratio,width95_ratio,nlog,lmd]",
     "evaluation.lmd_draws=50",
     "reference.num_samples=200",
     "reference.pilot_simulations=100",
@@ -161,6 +161,10 @@ def test_every_method_runs_on_a_tiny_budget(method, tmp_path):
     assert names == task.parameter_names and draws.shape[1] == task.dim_theta and torch.isfinite(draws).all()
     rounds = read_rows(tmp_path / "run" / "metrics")
     assert [r["round"] for r in rounds] == list(range(1, len(rounds) + 1))
+    for spread in ("sd_ratio", "width95_ratio"):  # the mean over parameters, and each parameter's
+        per_parameter = [rounds[-1][f"{spread}[{name}]"] for name in task.parameter_names]
+        assert rounds[-1][spread] == pytest.approx(sum(per_parameter) / len(per_parameter))
+        assert all(0 < r < 100 for r in per_parameter)
     assert all(
         (tmp_path / "run" / method / "rounds" / f"round_{r['round']:02d}.pt").is_file() for r in rounds
     )

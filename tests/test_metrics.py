@@ -161,3 +161,40 @@ def test_calibration_of_a_flow_posterior_costs_one_flow_call(conjugate, monkeypa
     assert (
         metrics.calibration(post, conjugate, num_runs=50, num_posterior_samples=100, progress=False) == result
     )
+
+
+def test_spread_ratios_are_exact_on_affine_copies():
+    """Draws ``a x + b`` against ``x``: every parameter's sd and central 95 % width scale by ``|a|`` exactly (sample
+    sd and linearly interpolated quantiles are affine-equivariant), whatever the draws."""
+    x = (
+        torch.randn(1000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) ** 3
+    )  # heavy tails
+    scale = torch.tensor([1.0, 2.5, 0.3], dtype=torch.float64)
+    ratios = metrics.spread_ratios(x * scale - torch.tensor([4.0, 0.0, 1.0]), x)
+    assert set(ratios) == set(metrics.SPREADS)
+    for name in metrics.SPREADS:
+        assert ratios[name] == pytest.approx(scale.tolist(), rel=1e-12)
+
+
+def test_the_width_ratio_sees_a_far_tail_the_sd_ratio_reads_differently():
+    """A mixture of 97 % N(0, 1) and 3 % N(0, 10^2) against N(0, 1): the width ratio is that of the mixture's
+    quantiles, the sd ratio that of its sd, sqrt(0.97 + 3) = 1.99 (both within 4 Monte Carlo sd)."""
+    g = torch.Generator().manual_seed(1)
+    n = 200_000
+    ref = torch.randn(n, 1, generator=g, dtype=torch.float64)
+    wide = torch.randn(n, 1, generator=g, dtype=torch.float64) * torch.where(
+        torch.rand(n, 1, generator=g) < 0.03, 10.0, 1.0
+    )
+    ratios = metrics.spread_ratios(wide, ref)
+    mixture = lambda q: st.norm.cdf(q) * 0.97 + st.norm.cdf(q / 10) * 0.03  # noqa: E731
+    from scipy.optimize import brentq
+
+    width = brentq(lambda q: mixture(q) - 0.975, 0, 50) / st.norm.ppf(0.975)  # symmetric: the upper ends
+    assert ratios["sd_ratio"][0] == pytest.approx(math.sqrt(0.97 + 0.03 * 100), rel=0.03)
+    assert ratios["width95_ratio"][0] == pytest.approx(width, rel=0.02)
+
+
+def test_spread_ratios_refuse_mismatched_draws_in_one_line():
+    with pytest.raises(ValueError, match="spread_ratios: a and b must be") as error:
+        metrics.spread_ratios(torch.zeros(10, 2), torch.zeros(10, 3))
+    assert "\n" not in str(error.value)

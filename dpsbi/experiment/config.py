@@ -20,7 +20,7 @@ from .methods import Method
 
 #: Environment variable naming another config directory (a copy of ``configs/`` with your own groups).
 CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
-METRICS = ("c2st", "mmd", "nlog", "lmd")
+METRICS = ("c2st", "mmd", "sd_ratio", "width95_ratio", "nlog", "lmd")
 TRAINER_KEYS = DEVICE_FIELDS
 #: Keys of the ``budget`` node: the simulation and training budget of every neural method of a run at once.
 BUDGET_KEYS = ("rounds", "sims_per_round", "inner_samples", "max_epochs", "max_steps")

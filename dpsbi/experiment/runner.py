@@ -72,7 +72,8 @@ CHECKPOINT, SCORED_CHECKPOINT = checkpoint.FILE, "scored.pt"
 
 @dataclass
 class Scorer:
-    """Scores of draws ``(n, dim_theta)``: C2ST and MMD against the reference, NLOG at the true parameter,
+    """Scores of draws ``(n, dim_theta)``: C2ST, MMD and the spread ratios (sd, central 95 % width; their mean
+    over the parameters, and each parameter's under ``sd_ratio[name]``) against the reference, NLOG at the true parameter,
     LMD at the observed release; a metric that does not apply (no reference, no truth) is left out, one that
     cannot be computed on these draws (NLOG's KDE on collapsed draws, draws outside the prior's support) is
     ``None`` (a blank cell), with its reason in the run's log, not a warning: the run goes on."""
@@ -89,6 +90,10 @@ class Scorer:
         available = {
             "c2st": (lambda: metrics.c2st(draws, ref, seed=self.seed)) if ref is not None else None,
             "mmd": (lambda: metrics.mmd(draws, ref)) if ref is not None else None,
+            **{
+                name: (lambda name=name: self.spread(name, draws, ref)) if ref is not None else None
+                for name in metrics.SPREADS
+            },
             "nlog": (lambda: metrics.nlog(draws, self.task.true_theta, self.task.transform))
             if self.task.true_theta is not None
             else None,
@@ -101,11 +106,19 @@ class Scorer:
             if available[name] is None:
                 continue
             try:
-                scores[name] = available[name]()
+                value = available[name]()
             except (ValueError, RuntimeError) as error:
                 log.info("%s not computed (left blank): %s", name, error)
-                scores[name] = None
+                value = None
+            scores.update(value if isinstance(value, dict) else {name: value})
         return scores
+
+    def spread(self, name: str, draws: Tensor, ref: Tensor) -> dict[str, float]:
+        """``name`` (one of :data:`dpsbi.metrics.SPREADS`): its mean over the parameters, and under
+        ``name[parameter]`` each parameter's ratio."""
+        ratios = metrics.spread_ratios(draws, ref)[name]
+        names = self.task.parameter_names or [f"theta_{i + 1}" for i in range(len(ratios))]
+        return {name: sum(ratios) / len(ratios), **{f"{name}[{p}]": r for p, r in zip(names, ratios)}}
 
 
 def save_state(state: Any, path: Path) -> None:

@@ -12,6 +12,9 @@ privacy accounting.
 Both draw their noise by inverse CDF (``y = G(s, u)``, for RQMC), vectorized on the device: the discrete
 Laplace quantile in closed form, the discrete Gaussian's by ``searchsorted`` in a CDF table over
 ``|k| <= 10 sigma + 2`` (the mass outside it is below 1e-21), built once and cached per device and dtype.
+Both also take a tensor of epsilons (``with_epsilon``), one per row, for training over a range of privacy
+levels: the discrete Gaussian then calibrates each row on the device (:func:`discrete_gaussian_sigmas`,
+:func:`zcdp_rhos`) and searches each entry's quantile on exact tails (:func:`discrete_gaussian_quantiles`).
 """
 
 from __future__ import annotations
@@ -174,6 +177,159 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
     while zcdp_epsilon(rho, delta) > epsilon:
         rho *= 1 - 1e-12
     return rho
+
+
+# ---- the same on tensors: one sigma per entry, on the device, without reading values on the host ----------------
+
+#: Terms of a discrete Gaussian tail summed one by one before its Euler-Maclaurin remainder (:func:`_log_tail_sum`).
+_TERMS = 16
+#: Halvings of a bisection and golden-section steps of the vectorized calibrations (fixed: no host read).
+_BISECTIONS, _GOLDEN_STEPS = 64, 48
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def _log_normalizer(sigma: Tensor) -> Tensor:
+    """:func:`discrete_gaussian_log_normalizer` for every entry of ``sigma`` (float64): the direct sum over
+    ``|k| <= 12`` below 1 (it holds ``|k| <= 10 sigma + 2``), Poisson summation from 1."""
+    k = torch.arange(-12, 13, dtype=sigma.dtype, device=sigma.device)
+    small, large = sigma.clamp(max=1.0), sigma.clamp(min=1.0)
+    direct = torch.logsumexp(-(k**2) / (2 * small[..., None] ** 2), -1)
+    n = torch.arange(1, 4, dtype=sigma.dtype, device=sigma.device)
+    poisson = torch.log(large * math.sqrt(2 * math.pi)) + torch.log1p(
+        2 * torch.exp(-2 * math.pi**2 * large[..., None] ** 2 * n**2).sum(-1)
+    )
+    return torch.where(sigma < 1, direct, poisson)
+
+
+def _log_tail_sum(m: Tensor, sigma: Tensor) -> Tensor:
+    """``log sum_{k >= m} e^{-k^2 / (2 sigma^2)}`` for integers ``m >= 0`` (float64, broadcasting): the first
+    :data:`_TERMS` terms summed, the rest from ``M = m + _TERMS`` by Euler-Maclaurin, ``f(M) [sigma sqrt(pi/2)
+    erfcx(t / sqrt 2) + 1/2 + He_1(t) / (12 sigma) - He_3(t) / (720 sigma^3) + He_5(t) / (30240 sigma^5)]`` with
+    ``t = M / sigma``, where ``M <= 3 sigma^2`` (its relative error, about ``2 (M / (2 pi sigma^2))^8``, weighs
+    on a rest that is at most ``e^{-16 M / sigma^2}`` of the sum: below 1e-12 together); beyond, the terms fall
+    by more than ``e^-3`` a step and the rest, below ``e^-48`` of the first terms, is left out."""
+    k = m[..., None] + torch.arange(_TERMS, dtype=m.dtype, device=m.device)
+    head = torch.logsumexp(-(k**2) / (2 * sigma[..., None] ** 2), -1)
+    start = m + _TERMS
+    t = start / sigma
+    he1, he3, he5 = t, t**3 - 3 * t, t**5 - 10 * t**3 + 15 * t
+    rest = (
+        sigma * math.sqrt(math.pi / 2) * torch.special.erfcx(t / math.sqrt(2))
+        + 0.5
+        + he1 / (12 * sigma)
+        - he3 / (720 * sigma**3)
+        + he5 / (30240 * sigma**5)
+    )
+    near = start <= 3 * sigma**2
+    log_rest = torch.where(near, -(t**2) / 2 + torch.log(torch.where(near, rest, 1.0)), -math.inf)
+    return torch.logaddexp(head, log_rest)
+
+
+def _log_sf(m: Tensor, sigma: Tensor, log_z: Tensor) -> Tensor:
+    """``log P(Y >= m)`` for integers ``m`` and ``Y ~ N_Z(0, sigma^2)`` (float64): the tail for ``m >= 1``, and
+    ``1 - P(Y >= 1 - m)`` below."""
+    upper = m >= 1
+    log_tail = _log_tail_sum(torch.where(upper, m, 1 - m), sigma) - log_z
+    return torch.where(upper, log_tail, torch.log1p(-torch.exp(log_tail)))
+
+
+def _deltas(epsilon: Tensor, sigma: Tensor, sensitivity: int) -> Tensor:
+    """:func:`discrete_gaussian_delta` for every entry (float64 tensors, broadcasting)."""
+    a = epsilon * sigma**2 / sensitivity - sensitivity / 2
+    log_z = _log_normalizer(sigma)
+    upper = _log_sf(torch.floor(a) + 1, sigma, log_z)
+    lower = _log_sf(torch.floor(a + sensitivity) + 1, sigma, log_z)
+    return (torch.exp(upper) - torch.exp(epsilon + lower)).clamp(min=0.0)
+
+
+def _bisect_log(private, low: Tensor, high: Tensor) -> Tensor:
+    """The end of ``[exp(low), exp(high)]`` on the private side after :data:`_BISECTIONS` halvings in log:
+    ``private(x)`` (a boolean tensor) must be false at ``exp(low)`` and true at ``exp(high)``."""
+    for _ in range(_BISECTIONS):
+        mid = (low + high) / 2
+        ok = private(torch.exp(mid))
+        low, high = torch.where(ok, low, mid), torch.where(ok, mid, high)
+    return torch.exp(high)
+
+
+def _golden_max(f, low: Tensor, high: Tensor) -> Tensor:
+    """``max f`` over ``[low, high]`` for a unimodal ``f`` (per entry): :data:`_GOLDEN_STEPS` golden-section
+    steps; the value at a point of the last bracket."""
+    a, b = low + (1 - _GOLDEN) * (high - low), low + _GOLDEN * (high - low)
+    fa, fb = f(a), f(b)
+    for _ in range(_GOLDEN_STEPS):
+        left = fa >= fb  # the maximum lies in [low, b]
+        low, high = torch.where(left, low, a), torch.where(left, b, high)
+        point = torch.where(left, low + (1 - _GOLDEN) * (high - low), low + _GOLDEN * (high - low))
+        value = f(point)  # the one new point: a's successor on the left, b's on the right
+        a, b = torch.where(left, point, b), torch.where(left, a, point)
+        fa, fb = torch.where(left, value, fb), torch.where(left, fa, value)
+    return torch.maximum(fa, fb)
+
+
+def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) -> Tensor:
+    """Vectorized :func:`discrete_gaussian_sigma` (float64, per entry of ``epsilon``): the same CKS Thm. 7 bisected
+    in ``log sigma`` on ``[0.01, 2 MAX_SIGMA]`` by :data:`_BISECTIONS` halvings, ending on the private side."""
+    eps = epsilon.double()
+    low = torch.full_like(eps, math.log(0.01))
+    high = torch.full_like(eps, math.log(2 * MAX_SIGMA))
+    return _bisect_log(lambda sigma: _deltas(eps, sigma, sensitivity) <= delta, low, high)
+
+
+def discrete_gaussian_epsilons(delta: float, sigma: Tensor, sensitivity: int) -> Tensor:
+    """Vectorized :func:`discrete_gaussian_epsilon` (float64, per entry of ``sigma``): bisected in ``log epsilon``
+    below the zCDP conversion's epsilon (an upper bound), ending on the private side."""
+    sigma = sigma.double()
+    high = torch.log(zcdp_epsilons(sensitivity**2 / (2 * sigma**2), delta)) + 1e-9
+    return _bisect_log(lambda eps: _deltas(eps, sigma, sensitivity) <= delta, high - 40, high)
+
+
+def _alpha(x: Tensor) -> Tensor:
+    return 1 + torch.exp(x)
+
+
+def zcdp_epsilons(rho: Tensor, delta: float) -> Tensor:
+    """Vectorized :func:`zcdp_epsilon` (float64): the infimum over ``alpha`` by golden section in
+    ``log(alpha - 1)`` on the scalar version's bracket."""
+    rho, log_delta = rho.double(), math.log(delta)
+
+    def minus_eps(x: Tensor) -> Tensor:
+        alpha = _alpha(x)
+        return -(alpha * rho + torch.log1p(-1 / alpha) - (log_delta + torch.log(alpha)) / (alpha - 1))
+
+    guess = 0.5 * torch.log(-log_delta / rho)
+    return (-_golden_max(minus_eps, guess - 8, guess + 8)).clamp(min=0.0)
+
+
+def zcdp_rhos(epsilon: Tensor, delta: float) -> Tensor:
+    """Vectorized :func:`zcdp_rho` (float64): ``epsilon(rho) <= epsilon`` means ``rho <= g(alpha) = (epsilon -
+    log(1 - 1/alpha) + (log delta + log alpha) / (alpha - 1)) / alpha`` for some ``alpha > 1``, so the largest
+    ``rho`` is ``max_alpha g``, by golden section in ``log(alpha - 1)`` (any ``alpha`` gives a private ``rho``)."""
+    eps, log_delta = epsilon.double(), math.log(delta)
+
+    def g(x: Tensor) -> Tensor:
+        alpha = _alpha(x)
+        return (eps - torch.log1p(-1 / alpha) + (log_delta + torch.log(alpha)) / (alpha - 1)) / alpha
+
+    guess = torch.log(
+        -2 * log_delta / eps
+    )  # alpha - 1 = sqrt(log(1/delta) / rho), rho ~ eps^2 / (4 log(1/delta))
+    return _golden_max(g, guess - 12, guess + 12)
+
+
+def discrete_gaussian_quantiles(w: Tensor, sigma: Tensor) -> Tensor:
+    """The largest ``m >= 0`` with ``P(Y >= m) >= w``, ``Y ~ N_Z(0, sigma^2)``, capped at ``10 sigma + 2`` as the
+    scalar noise table is (float64 integers; ``w`` in (0, 1/2], ``sigma`` broadcasting): bisection in a window of
+    the continuous Gaussian's quantile ``1/2 - sigma ndtri(w)``, which holds it."""
+    w, sigma = w.double(), sigma.double()
+    log_z, log_w = _log_normalizer(sigma), torch.log(w)
+    guess = torch.floor(0.5 - sigma * torch.special.ndtri(w))
+    low, high = (guess - 4).clamp(min=0.0), guess + 5  # P(Y >= low) >= w > P(Y >= high)
+    for _ in range(4):
+        mid = torch.floor((low + high) / 2)
+        ok = _log_sf(mid, sigma, log_z) >= log_w
+        low, high = torch.where(ok, mid, low), torch.where(ok, high, mid)
+    return torch.minimum(low, torch.ceil(10 * sigma) + 2)
 
 
 # ---- the mechanisms ---------------------------------------------------------------------------------------------
@@ -347,9 +503,50 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
         """The discrete Gaussian with parameter ``sigma`` (OpenDP's ``scale``); ``epsilon`` is its value at ``delta``."""
         return cls(sensitivity=sensitivity, dim=dim, delta=delta, sigma=sigma)
 
-    def with_epsilon(self, epsilon: float) -> DiscreteGaussian:
-        """The same mechanism (sensitivity, dim) calibrated to ``(epsilon, self.delta)``."""
-        return type(self)(epsilon, self.delta, self.sensitivity, self.dim)
+    #: :meth:`with_epsilon` (and :meth:`with_rho`, :meth:`with_sigma`) also take a tensor, one value per row.
+    batched_epsilon = True
+
+    def with_epsilon(self, epsilon: float | Tensor) -> DiscreteGaussian:
+        """The same mechanism (sensitivity, dim) calibrated to ``(epsilon, self.delta)``. A tensor of epsilons
+        broadcasting with the summaries gives one mechanism drawing each row at its own epsilon (its ``sigma``
+        and ``rho`` tensors, calibrated on the device as the scalar constructor does: CKS Thm. 7 for ``dim = 1``,
+        the zCDP conversion above; :mod:`dpsbi.mechanisms.epsilon`)."""
+        if not torch.is_tensor(epsilon):
+            return type(self)(epsilon, self.delta, self.sensitivity, self.dim)
+        epsilon = epsilons(epsilon)
+        if self.dim == 1:
+            sigma = discrete_gaussian_sigmas(epsilon, self.delta, int(self.sensitivity))
+        else:
+            sigma = self.sensitivity / torch.sqrt(2 * zcdp_rhos(epsilon, self.delta))
+        return self._batched(epsilon, sigma)
+
+    def with_rho(self, rho: float | Tensor) -> DiscreteGaussian:
+        """The ``rho``-zCDP mechanism of the same family (sensitivity, dim, delta); a tensor gives one per row,
+        its ``epsilon`` at ``delta`` computed per row as :meth:`from_rho` does."""
+        if not torch.is_tensor(rho):
+            return type(self).from_rho(rho, self.sensitivity, self.dim, self.delta)
+        return self.with_sigma(self.sensitivity / torch.sqrt(2 * epsilons(rho).double()))
+
+    def with_sigma(self, sigma: float | Tensor) -> DiscreteGaussian:
+        """The mechanism of the same family with noise parameter ``sigma``; a tensor gives one per row, its
+        ``epsilon`` at ``delta`` computed per row as :meth:`from_sigma` does."""
+        if not torch.is_tensor(sigma):
+            return type(self).from_sigma(sigma, self.sensitivity, self.dim, self.delta)
+        sigma = epsilons(sigma).double()
+        if self.dim == 1:
+            epsilon = discrete_gaussian_epsilons(self.delta, sigma, int(self.sensitivity))
+        else:
+            epsilon = zcdp_epsilons(self.sensitivity**2 / (2 * sigma**2), self.delta)
+        return self._batched(epsilon, sigma)
+
+    def _batched(self, epsilon: Tensor, sigma: Tensor) -> DiscreteGaussian:
+        """The copy drawing row ``i`` with ``sigma[i]`` (float64); sigmas above :data:`MAX_SIGMA` are refused
+        where they can be read without waiting for the device (as :func:`~dpsbi.mechanisms.epsilon.epsilons`)."""
+        sigma = sigma.double()
+        if sigma.device.type == "cpu" and not torch.compiler.is_compiling():
+            widest = float(sigma.max())
+            _check_sigma(widest, f"epsilon={float(epsilon.min()):g}, delta={self.delta:g}")
+        return batched_copy(self, epsilon, sigma=sigma, rho=self.sensitivity**2 / (2 * sigma**2))
 
     def _table(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(cdf, log_cdf)`` over ``k = -half_width..half_width`` on ``device`` in ``dtype``, built once."""
@@ -363,10 +560,13 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
         return {**self.__dict__, "_tables": {}}  # device tables are rebuilt where they are used
 
     def transform(self, s: Tensor, u: Tensor) -> Tensor:
-        cdf, _ = self._table(u.device, u.dtype)
         # The smallest k with F(k) >= u; above the median by symmetry, k = -j - 1 with j the largest F(j) <= 1 - u.
         lower = u <= 0.5
         w = torch.where(lower, u, 1 - u).contiguous()
+        if torch.is_tensor(self.sigma):  # one sigma per row (with_epsilon of a tensor): searched per entry
+            m = discrete_gaussian_quantiles(w, self.sigma.to(u.device))
+            return s + torch.where(lower, -m, m).to(u.dtype)
+        cdf, _ = self._table(u.device, u.dtype)
         below = torch.searchsorted(cdf, w) - self.half_width
         above = self.half_width - torch.searchsorted(cdf, w, right=True)
         return s + torch.where(lower, below, above).to(u.dtype)

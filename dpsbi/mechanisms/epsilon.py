@@ -2,7 +2,7 @@
 
 A mechanism family with ``with_epsilon(epsilon)`` gives the same mechanism (sensitivity, dimension, delta,
 calibration) calibrated at another ``epsilon``. The families whose ``batched_epsilon`` is true (Laplace,
-Gaussian, DiscreteLaplace, BinomialCurve, RandomizedResponse) also take a tensor of epsilons that broadcasts
+Gaussian, DiscreteLaplace, DiscreteGaussian, BinomialCurve, RandomizedResponse) also take a tensor of epsilons that broadcasts
 with the batch of summaries, e.g. ``(n, 1)`` for ``s (n, dim)``: the result is one mechanism whose noise
 scale is a tensor, so that ``sample(s, u)`` draws row ``i``'s release at ``epsilon[i]`` in one vectorized call.
 That is what training a posterior over a range of epsilons needs (``SPPE(task, amortized=True,
@@ -74,7 +74,7 @@ def epsilon_range_problem(mechanism: Mechanism) -> str | None:
     if not getattr(mechanism, "batched_epsilon", False):
         return (
             f"{type(mechanism).__name__}.with_epsilon takes one epsilon at a time, not one per simulation "
-            "(families that do: Laplace, Gaussian, DiscreteLaplace, BinomialCurve, RandomizedResponse)"
+            "(families that do: Laplace, Gaussian, DiscreteLaplace, DiscreteGaussian, BinomialCurve, RandomizedResponse)"
         )
     return None
 

@@ -26,7 +26,9 @@ measured at block-group level with the largest share: ``rho_total = (542 / 339)^
 ``getAdjustedInverseScalePerQuery`` in ``programs/engine/engine_utils.py``). Other per-table levels of that
 run: block "detailed" 0.099 (sigma 3.18), tract "detailed" 0.050 (sigma 4.46), tract "hispanic x cenrace"
 0.202 (sigma 2.23). ``epsilon`` (with ``delta``) calibrates instead of ``rho``; the task's ``epsilon`` is the
-table's ``(epsilon, delta)`` by the zCDP conversion, ``delta = 1e-10`` as the Census reported.
+table's ``(epsilon, delta)`` by the zCDP conversion, ``delta = 1e-10`` as the Census reported. A posterior
+amortized over a range of ``rho`` is one trained with ``epsilon_range`` over the matching epsilons
+(``task.mechanism.with_rho(rho).epsilon``; the discrete Gaussian re-calibrates every simulation on the device).
 
 The exact likelihood (:class:`CensusLikelihood`). Given the total ``N``, ``Multinomial(s; N, p) = prod_i
 Pois(s_i; N p_i) / Pois(N; N)`` on ``sum_i s_i = N``, so ``p(y | theta) = (f_1 * ... * f_C)(N) / Pois(N; N)``
