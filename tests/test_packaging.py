@@ -1,0 +1,35 @@
+"""What a wheel holds: every file of ``dpsbi/`` that is not a module is declared as package data, and the
+Hydra configs are found inside the package (an installed wheel has no repository root). ``make wheel-check``
+builds and installs the wheel itself."""
+
+from pathlib import Path
+
+import tomllib
+
+import dpsbi
+from dpsbi.experiment import config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def declared_package_data() -> set[Path]:
+    """The files that ``pyproject.toml``'s package-data globs pick out of the source tree."""
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    return {
+        path
+        for package, patterns in settings.items()
+        for pattern in patterns
+        for path in (ROOT / package.replace(".", "/")).glob(pattern)
+    }
+
+
+def test_every_data_file_of_the_package_is_package_data():
+    files = {p for p in (ROOT / "dpsbi").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    data = {p for p in files if p.suffix not in (".py", ".pyc")}
+    assert {p.name for p in data} >= {"config.yaml", "py.typed", "outbreaks.json", "sir_eps1.csv"}
+    assert not data - declared_package_data(), "not declared in pyproject.toml's package-data"
+
+
+def test_the_configs_are_found_inside_the_package(monkeypatch):
+    monkeypatch.delenv("DPSBI_CONFIG_DIR", raising=False)
+    assert config_dir() == Path(dpsbi.__file__).resolve().parent / "configs"
