@@ -32,10 +32,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one. Then the
-# ArviZ-touching tests again under ArviZ 1.x, the built wheel as a user installs it, and the API reference.
+# ArviZ-touching tests again under ArviZ 1.x, the documentation site, and the built wheel as a user installs it.
 test: lint
 	$(PY) -m pytest -q -n auto
 	$(MAKE) test-arviz1
+	$(MAKE) docs
 	$(MAKE) wheel-check
 
 # ArviZ 1.x needs Python >= 3.12 (pip's choice there) but runs on this one: installed without its
@@ -50,6 +51,16 @@ test-arviz1: $(ARVIZ1)/.installed
 		"import arviz, sys; sys.exit(0 if arviz.__version__.startswith('1.') else f'ArviZ {arviz.__version__}, not 1.x')"
 	PYTHONPATH=$(abspath $(ARVIZ1))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -n auto $(ARVIZ1_TESTS)
 
+# The documentation site (mkdocs.yml): the pages of docs/ and the API reference rendered from the docstrings,
+# built into site/ with --strict (a missing page, link, anchor or documented name fails). Its tools (the docs
+# extra) join the main environment here, not in setup.
+$(VENV)/.docs-installed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 # dpsbi as a user installs it: the wheel (built from the sdist, as a registry serves it) installed, not
 # editable, into a fresh $(WHEEL_VENV) (torch pinned first, as in setup); then, from a directory outside the
 # repository, every file of dpsbi/ present there (package data), the README's quick start, dpsbi-run at a
@@ -63,4 +74,4 @@ wheel-check: setup
 	env -u PYTHONPATH $(abspath $(WHEEL_VENV))/bin/python $(abspath .ci/wheel_check.py)
 
 clean:
-	rm -rf $(VENV) $(ARVIZ1) $(WHEEL_VENV) dist outputs multirun
+	rm -rf $(VENV) $(ARVIZ1) $(WHEEL_VENV) dist site outputs multirun
