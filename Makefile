@@ -8,8 +8,10 @@ TORCH ?= torch==2.13.0
 # ArviZ 1.x (pinned in .ci/arviz1.txt) beside the main environment's ArviZ 0.x, and the tests that touch it.
 ARVIZ1 ?= .venv-arviz1
 ARVIZ1_TESTS ?= tests/test_arviz.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
+# A fresh environment holding the built wheel (make wheel-check).
+WHEEL_VENV ?= .venv-wheel
 
-.PHONY: setup run lint test test-arviz1 bench clean
+.PHONY: setup run lint test test-arviz1 wheel-check docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +32,12 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one. Then the
-# ArviZ-touching tests again under ArviZ 1.x.
+# ArviZ-touching tests again under ArviZ 1.x, the documentation site, and the built wheel as a user installs it.
 test: lint
 	$(PY) -m pytest -q -n auto
 	$(MAKE) test-arviz1
+	$(MAKE) docs
+	$(MAKE) wheel-check
 
 # ArviZ 1.x needs Python >= 3.12 (pip's choice there) but runs on this one: installed without its
 # dependencies into $(ARVIZ1), first on PYTHONPATH, so that it shadows the main environment's ArviZ 0.x.
@@ -47,5 +51,27 @@ test-arviz1: $(ARVIZ1)/.installed
 		"import arviz, sys; sys.exit(0 if arviz.__version__.startswith('1.') else f'ArviZ {arviz.__version__}, not 1.x')"
 	PYTHONPATH=$(abspath $(ARVIZ1))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -n auto $(ARVIZ1_TESTS)
 
+# The documentation site (mkdocs.yml): the pages of docs/ and the API reference rendered from the docstrings,
+# built into site/ with --strict (a missing page, link, anchor or documented name fails). Its tools (the docs
+# extra) join the main environment here, not in setup.
+$(VENV)/.docs-installed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+# dpsbi as a user installs it: the wheel (built from the sdist, as a registry serves it) installed, not
+# editable, into a fresh $(WHEEL_VENV) (torch pinned first, as in setup); then, from a directory outside the
+# repository, every file of dpsbi/ present there (package data), the README's quick start, dpsbi-run at a
+# tiny budget and dpsbi-sample on its run (.ci/wheel_check.py).
+wheel-check: setup
+	rm -rf dist $(WHEEL_VENV)
+	$(PY) -m build -q --outdir dist .
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(WHEEL_VENV)/bin/python -m pip install -q dist/dpsbi-*.whl
+	env -u PYTHONPATH $(abspath $(WHEEL_VENV))/bin/python $(abspath .ci/wheel_check.py)
+
 clean:
-	rm -rf $(VENV) $(ARVIZ1) outputs multirun
+	rm -rf $(VENV) $(ARVIZ1) $(WHEEL_VENV) dist site outputs multirun

@@ -13,7 +13,7 @@ import torch
 from . import mechanisms, qmc, tasks
 from .tasks import from_simulator
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def _import_zuko_keeping_validation() -> None:

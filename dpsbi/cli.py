@@ -1,6 +1,6 @@
 """Command-line entry points.
 
-- ``dpsbi-run [key=value ...]`` (Hydra; ``-m`` for sweeps): run an experiment from ``configs/``.
+- ``dpsbi-run [key=value ...]`` (Hydra; ``-m`` for sweeps): run an experiment from ``dpsbi/configs/``.
 - ``dpsbi-sample RUN_DIR|POSTERIOR.pt [--release v1,v2,... | --release-file FILE | --releases FILE.csv]
   [--epsilon EPS]``: draws from a saved posterior, at one release or at many in one batched call.
 - ``dpsbi-compare MULTIRUN_DIR``: table and figure comparing the runs of a sweep.
@@ -25,7 +25,7 @@ from .experiment.config import ConfigError, config_dir
 
 
 def run() -> None:
-    """``dpsbi-run``: Hydra app over ``configs/config.yaml`` (or ``$DPSBI_CONFIG_DIR``)."""
+    """``dpsbi-run``: Hydra app over ``dpsbi/configs/config.yaml`` (or ``$DPSBI_CONFIG_DIR``)."""
     import hydra
 
     try:
@@ -36,7 +36,7 @@ def run() -> None:
 
 
 def _hydra_records(cfg, hydra_config) -> dict[str, str]:
-    """What Hydra writes into ``.hydra/`` (configs/config.yaml sets ``hydra.output_subdir: null``): the runner
+    """What Hydra writes into ``.hydra/`` (dpsbi/configs/config.yaml sets ``hydra.output_subdir: null``): the runner
     writes it once it holds the run directory, so that a run refused there leaves the directory untouched."""
     from omegaconf import OmegaConf
 

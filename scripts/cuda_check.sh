@@ -22,7 +22,7 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
 fi
 mkdir -p "$OUT"
 log=$OUT/log.txt
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 DPSBI_CONFIG_DIR=$PWD/configs PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 DPSBI_CONFIG_DIR=$PWD/dpsbi/configs PYTHONPATH=$PWD
 export DPSBI_CACHE=/tmp/dpsbi_cache
 [ -d .dpsbi_cache ] && cp -r .dpsbi_cache /tmp/dpsbi_cache
 if [ -d .whl ]; then

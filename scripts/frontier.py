@@ -42,7 +42,7 @@ from dpsbi.experiment.config import build_task
 from dpsbi.experiment.reference import reference_posterior
 from dpsbi.files import atomic_write_text
 
-#: Reference settings: those of configs/config.yaml.
+#: Reference settings: those of dpsbi/configs/config.yaml.
 REFERENCE = dict(
     num_samples=2000,
     pilot_simulations=1000,
@@ -110,7 +110,7 @@ def done(out: Path) -> set[tuple]:
 
 def reference_for(task, task_config: dict, settings: dict | None = None):
     """The task's validated reference posterior with :data:`REFERENCE`'s settings, ``settings`` over them
-    (cached under ``$DPSBI_CACHE``, else ``~/.cache/dpsbi/references``, as configs/config.yaml does)."""
+    (cached under ``$DPSBI_CACHE``, else ``~/.cache/dpsbi/references``, as dpsbi/configs/config.yaml does)."""
     cache = os.environ.get("DPSBI_CACHE") or Path("~/.cache/dpsbi/references").expanduser()
     return reference_posterior(
         task, task_config, cache_dir=Path(cache), seed=0, progress=False, **{**REFERENCE, **(settings or {})}
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         "--reference",
         type=json.loads,
         default={},
-        help="reference settings over configs/config.yaml's as JSON (a smoke test: "
+        help="reference settings over dpsbi/configs/config.yaml's as JSON (a smoke test: "
         "'{\"importance_draws\": 20000}'); they join the schedule label",
     )
     r.add_argument(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main table of docs/RESULTS.md: every paper task x epsilon 0.1 / 1 / 10 x SPPE, SPLE, NaiveNPE and the best
 # classical method (DA-MCMC on regression and naive Bayes, SMC-ABC with the mechanism as kernel on SIR), seeds 0-2,
-# at the library's defaults (configs/experiment/results.yaml), one core. Seed-major, so that a partial grid has
+# at the library's defaults (dpsbi/configs/experiment/results.yaml), one core. Seed-major, so that a partial grid has
 # whole seeds; each sweep writes a fixed directory below multirun/grid, so a killed grid resumes where it stopped
 # (finished runs are skipped). SEEDS and TASKS pick a part, e.g. two cores: TASKS=sir in one job, TASKS='regression
 # naive_bayes' in the other. Then: python scripts/main_grid.py collect multirun/grid --out results/main_grid.jsonl

@@ -40,8 +40,8 @@ def assert_matches(
 
 def test_regression_matches_exact_abc_importance_sampling():
     # The paper's instance (n = 100, epsilon = 1) needs ~1000 iterations to forget the prior (IAT ~300): its
-    # check is scripts/validate_da_mcmc.py. Here n = 25 records at epsilon = 4 (the same Laplace scale on s, a
-    # posterior as far from the prior: C2ST(prior, posterior) ~0.8), started from the prior.
+    # check is scripts/archive/validate_da_mcmc.py. Here n = 25 records at epsilon = 4 (the same Laplace scale
+    # on s, a posterior as far from the prior: C2ST(prior, posterior) ~0.8), started from the prior.
     release = [-0.542, -0.0718, 0.0438, 0.1658, 0.2266, -0.2487, 0.3294, 0.1406, -0.2102]  # simulated, seed 0
     task = dpsbi.tasks.load("regression", epsilon=4.0, n=25, y_obs=release)
     reference = abc_is(task, 200_000, seed=1, progress=False)

@@ -387,7 +387,7 @@ def test_one_budget_sets_every_neural_method():
 
 @pytest.mark.parametrize("method", ["sppe", "sple", "naive_npe"])
 def test_the_method_configs_are_the_library_defaults(method):
-    """``dpsbi-run method=sppe`` fits what ``dpsbi.SPPE(task)`` fits: configs/method/*.yaml state the defaults."""
+    """``dpsbi-run method=sppe`` fits what ``dpsbi.SPPE(task)`` fits: dpsbi/configs/method/*.yaml state the defaults."""
     ((chosen, settings),) = plan(config(f"method={method}", "companions=[]", "trainer=cpu")).methods
     task = dpsbi.tasks.load("regression", epsilon=1.0)
     assert (

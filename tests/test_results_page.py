@@ -246,7 +246,7 @@ def environment(work: Path, tiny: Tiny) -> dict:
         **os.environ,
         **threads,
         "DPSBI_CACHE": str(work / "cache"),
-        "DPSBI_CONFIG_DIR": str(ROOT / "configs"),
+        "DPSBI_CONFIG_DIR": str(ROOT / "dpsbi" / "configs"),
         "DPSBI_RUN": str(BIN / "dpsbi-run"),
         "MPLBACKEND": "Agg",
         **tiny.env,

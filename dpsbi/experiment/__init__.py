@@ -1,4 +1,4 @@
-"""Experiments: Hydra configs (``configs/``) -> task x method runs scored against reference posteriors.
+"""Experiments: Hydra configs (``dpsbi/configs/``) -> task x method runs scored against reference posteriors.
 
 ``run_experiment(cfg, output_dir)`` is what ``dpsbi-run`` calls for each job; ``compare(multirun_dir)`` is
 ``dpsbi-compare``; ``reference_posterior`` is the cached reference; ``METHODS`` the method registry.

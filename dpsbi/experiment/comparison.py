@@ -42,7 +42,7 @@ def compare(root: str | Path) -> list[dict]:
 
 
 class CompareCallback(Callback):
-    """Hydra callback (configs/config.yaml, ``hydra.callbacks.compare``): compares a sweep's runs when it ends."""
+    """Hydra callback (dpsbi/configs/config.yaml, ``hydra.callbacks.compare``): compares a sweep's runs when it ends."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         """Compare the finished runs; then, if some jobs could not run, list them and exit with status 1."""

@@ -1,5 +1,5 @@
 """Where the Hydra configs live, the checks that turn a composed config into a runnable plan, and the
-``dpsbi_run_id`` resolver of ``configs/config.yaml`` (registered when this module is imported)."""
+``dpsbi_run_id`` resolver of ``dpsbi/configs/config.yaml`` (registered when this module is imported)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..tasks import Task
 from . import methods
 from .methods import Method
 
-#: Environment variable naming another config directory (a copy of ``configs/`` with your own groups).
+#: Environment variable naming another config directory (a copy of ``dpsbi/configs/`` with your own groups).
 CONFIG_DIR_ENV = "DPSBI_CONFIG_DIR"
 METRICS = ("c2st", "mmd", "sd_ratio", "width95_ratio", "nlog", "lmd")
 TRAINER_KEYS = DEVICE_FIELDS
@@ -45,7 +45,7 @@ if not OmegaConf.has_resolver(RUN_ID_RESOLVER):
 def register_estimator_defaults() -> None:
     """Store the neural methods' settings in Hydra's ConfigStore, built from the estimators themselves
     (``SequentialEstimator.defaults``), so that the library is the one source of every default: the node
-    ``method/<name>_defaults`` (what ``configs/method/<name>.yaml`` extends) and ``experiment/paper_methods``
+    ``method/<name>_defaults`` (what ``dpsbi/configs/method/<name>.yaml`` extends) and ``experiment/paper_methods``
     (the paper's settings of every neural method as ``method_settings``, what ``experiment=paper`` extends)."""
     from hydra.core.config_store import ConfigStore
 
@@ -63,13 +63,13 @@ register_estimator_defaults()  # here, so that sweep jobs composing their config
 
 
 def config_dir() -> Path:
-    """The Hydra config directory: ``$DPSBI_CONFIG_DIR`` or ``configs/`` at the root of the repository this
-    package is installed from (editable install)."""
-    path = Path(os.environ.get(CONFIG_DIR_ENV) or Path(__file__).resolve().parents[2] / "configs")
+    """The Hydra config directory: ``$DPSBI_CONFIG_DIR`` or the package's own ``dpsbi/configs/`` (package data,
+    in a wheel as in an editable install)."""
+    path = Path(os.environ.get(CONFIG_DIR_ENV) or Path(__file__).resolve().parents[1] / "configs")
     if not (path / "config.yaml").is_file():
         raise ConfigError(
-            f"no Hydra configs at {path} (config.yaml missing): install dpsbi editable from its repository "
-            f"(pip install -e .) or point {CONFIG_DIR_ENV} at a config directory"
+            f"no Hydra configs at {path} (config.yaml missing): reinstall dpsbi (its configs are package data) "
+            f"or point {CONFIG_DIR_ENV} at a config directory"
         )
     return path
 

@@ -292,7 +292,7 @@ def _finished(out: Path, cfg: DictConfig) -> list[dict] | None:
 def run_experiment(
     cfg: DictConfig, output_dir: str | Path, records: Mapping[str, str] | None = None
 ) -> list[dict]:
-    """Run the experiment that config ``cfg`` (composed from ``configs/``) describes, writing into
+    """Run the experiment that config ``cfg`` (composed from ``dpsbi/configs/``) describes, writing into
     ``output_dir`` (and the text ``records``, relative path -> content, such as Hydra's); returns the summary:
     the final metric row of each method.
 

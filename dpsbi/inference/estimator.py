@@ -168,7 +168,7 @@ class SequentialEstimator(abc.ABC):
         the constructor's keyword defaults (the class's own, then the keyword-only ones it passes on to its base),
         each settings group (:attr:`settings_groups`) as a dict of its fields; ``training`` without its
         device fields, which belong to the machine (dpsbi-run's ``trainer`` group). The single source of
-        dpsbi-run's ``configs/method`` files and ``paper`` preset (:mod:`dpsbi.experiment.config`)."""
+        dpsbi-run's ``dpsbi/configs/method`` files and ``paper`` preset (:mod:`dpsbi.experiment.config`)."""
         skip = {"self", "task", *cls.run_arguments, *cls.unused_arguments}
         values: dict = {}
         for klass in cls.__mro__:

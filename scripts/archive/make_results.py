@@ -1,10 +1,10 @@
 """Tables and figures of docs/RESULTS.md from finished sweeps (``dpsbi-run -m ... hydra.sweep.dir=DIR``).
 
-python scripts/make_results.py table DIR [DIR ...]                 markdown table of every run's final metrics
-python scripts/make_results.py comparison DIR -o docs/figures/x.png  the sweep's comparison figure
-python scripts/make_results.py privacy DIR -o docs/figures/x.png     marginals of reference and SPPE draws
+python scripts/archive/make_results.py table DIR [DIR ...]                 markdown table of every run's final metrics
+python scripts/archive/make_results.py comparison DIR -o docs/figures/x.png  the sweep's comparison figure
+python scripts/archive/make_results.py privacy DIR -o docs/figures/x.png     marginals of reference and SPPE draws
                                                                       at every epsilon of the sweep
-python scripts/make_results.py bias DIR --epsilon 1 -o docs/figures/x.png   NaiveNPE against the reference:
+python scripts/archive/make_results.py bias DIR --epsilon 1 -o docs/figures/x.png   NaiveNPE against the reference:
                                                                       standardized mean error per parameter
 """
 

@@ -4,7 +4,7 @@ Regression (epsilon = 1, stored release): DA-MCMC against exact ABC importance s
 (C2ST, means and sds in Monte Carlo errors). Naive Bayes (epsilon = 10, stored release): DA-MCMC against the
 exact posterior moments obtained by summing out the latent counts (dpsbi/tasks/naive_bayes_posterior.py), which ABC-IS
 cannot reach at this epsilon (its ESS is printed). Run from the repository root:
-``python scripts/validate_da_mcmc.py [--chains 256] [--iterations 6000]``.
+``python scripts/archive/validate_da_mcmc.py [--chains 256] [--iterations 6000]``.
 """
 
 from __future__ import annotations

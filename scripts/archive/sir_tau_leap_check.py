@@ -3,7 +3,7 @@
 docs/RESULTS.md runs its SIR grid with ``task.simulator=tau_leap`` (the exact simulator makes ~100-200
 simulations per second on 2 cores). This script builds the importance reference of both models at the same
 release and prints their means, sds, ESS and the C2ST between them:
-``python scripts/sir_tau_leap_check.py [--epsilon 1] [--draws 20000]``.
+``python scripts/archive/sir_tau_leap_check.py [--epsilon 1] [--draws 20000]``.
 """
 
 from __future__ import annotations
