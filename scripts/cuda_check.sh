@@ -2,10 +2,12 @@
 # The CUDA path for real, on a machine with an NVIDIA GPU, in one command of at most ~8 minutes (docs/RESULTS.md,
 # "On a GPU"):
 #   1. the tests that exercise the GPU (test_training_step.py counts the synchronizations of a step);
-#   2. the training step on CUDA and on one CPU core, both flow backends, eager and compiled, at 1 000, 10 000
-#      and 100 000 flow evaluations, with its synchronizations counted (scripts/bench_step.py);
-#   3. the default SPPE fit on regression at epsilon 1 on CUDA, with one CPU core of the same machine fitting
-#      the same beside it from the start (CPU work only: it does not share the GPU), each scored every round.
+#   2. the training step on CUDA and on one CPU core, both flow backends, eager (with and without the fits'
+#      deterministic kernels) and compiled as a CUDA graph, at 1 000 and 100 000 flow evaluations, with its
+#      synchronizations counted (scripts/bench_step.py);
+#   3. the default SPPE fit on regression at epsilon 1 on CUDA with its step compiled (compile=True), with one CPU
+#      core of the same machine fitting the same beside it from the start (CPU work only: it does not share the
+#      GPU), each scored every round.
 # The GPU jobs run one at a time, so that their timings are their own. Each part has its own timeout and writes
 # its result as it goes, straight into $OUT (a new folder; default results/cuda/<date-time>), no subfolders:
 #   log.txt  pytest.log  bench_step.jsonl  bench_step_cpu.jsonl  frontier_cuda_sppe.jsonl  frontier_cpu_sppe.jsonl
@@ -55,12 +57,13 @@ timeout -k 10 "$TEST_SECONDS" python3 -m pytest -q -p no:cacheprovider -rfE -n 8
 stamp "pytest rc $? ($(tail -1 "$OUT/pytest.log"))"
 
 stamp "training steps, CUDA then one CPU core"
-timeout -k 10 "$BENCH_SECONDS" python3 scripts/bench_step.py --devices cuda --sizes 100 10000 1000 --repeats 30 \
+timeout -k 10 "$BENCH_SECONDS" python3 scripts/bench_step.py --devices cuda --sizes 100 10000 --repeats 30 \
+  --deterministic --compile-modes reduce-overhead \
   --json "$OUT/bench_step.jsonl" >>"$log" 2>&1
 stamp "bench cuda rc $?"
 
-stamp "default SPPE on CUDA"
-fit frontier_cuda_sppe "$FIT_SECONDS" --method sppe
+stamp "default SPPE on CUDA, its step compiled (a CUDA graph)"
+fit frontier_cuda_sppe "$FIT_SECONDS" --method sppe --overrides '{"training": {"compile": true}}'
 wait "$cpu_bench"
 stamp "bench cpu rc $?"
 wait "$cpu_fit"

@@ -144,6 +144,10 @@ TINY = {
     ),
     "scripts/bench.py": Tiny("--quick --tasks regression --json bench.json", output="bench.json"),
     "scripts/cuda_check.sh": Tiny(skip="needs a machine with an NVIDIA GPU"),
+    "scripts/bench_step.py": Tiny(
+        "--devices cpu --sizes 100 --repeats 1 --warmup 0 --json bench_step_modes.jsonl",
+        output="bench_step_modes.jsonl",
+    ),
 }
 #: Reports of committed results (a report with a recipe reads what its block ran first: a measurement here).
 REPORTS = [words for words in commands() if is_report(words) and recipe_key(words) not in TINY]
