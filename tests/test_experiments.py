@@ -244,6 +244,22 @@ def test_reference_is_exact_and_cached(tmp_path, monkeypatch):
     assert torch.equal(again.samples, ref.samples) and again.note == ref.note
 
 
+def test_reference_settings_left_out_take_the_configs_values_and_unknown_ones_are_named(tmp_path):
+    """A user's call needs no settings copied from configs/config.yaml (it raised KeyError: 'pilot_simulations')."""
+    from omegaconf import OmegaConf
+
+    from dpsbi.experiment.config import config_dir
+    from dpsbi.experiment.reference import SETTINGS
+
+    block = OmegaConf.load(config_dir() / "config.yaml").reference
+    assert {key: block[key] for key in SETTINGS} == SETTINGS
+    task = dpsbi.tasks.load("poisson_counts")
+    ref = reference_posterior(task, {"name": "poisson_counts"}, "auto", 500, tmp_path, progress=False)
+    assert ref.samples.shape == (500, 1)
+    with pytest.raises(ValueError, match=r"unknown reference settings \['pilot_sims'\]"):
+        reference_posterior(task, {"name": "poisson_counts"}, "auto", 500, tmp_path, pilot_sims=10)
+
+
 def test_a_changed_model_under_the_same_name_never_reuses_a_cached_reference(tmp_path):
     """The cache key covers the prior and the simulator: a custom model edited under the same name and
     config (here its simulator shifted by 3, then its prior widened) gets its own reference."""

@@ -38,6 +38,14 @@ from . import stored_references
 from .methods import baseline_draws
 
 KINDS = ("auto", "closed_form", "stored", "likelihood", "rejection", "importance", "none")
+#: The sampling settings of :func:`reference_posterior` a call leaves out (configs/config.yaml's ``reference``
+#: block holds the same values; tests/test_experiments.py checks that they agree).
+SETTINGS = {
+    "pilot_simulations": 1000,
+    "max_simulations": 20_000_000,
+    "importance_particles": 5000,
+    "importance_draws": 1_000_000,
+}
 
 
 @dataclass
@@ -379,11 +387,15 @@ def reference_posterior(
     Sampled references are cached under ``cache_dir/<task>/eps<epsilon>/<hash>.pt``, the hash covering the
     task config, the prior and the simulator (:func:`~dpsbi.tasks.identity.model_key`: a changed model under the
     same name never reuses an old reference), the release, ``method``, ``num_samples``, ``seed`` and ``settings`` (``pilot_simulations``,
-    ``max_simulations``, ``importance_particles``, ``importance_draws``); a later call with the same key loads
+    ``max_simulations``, ``importance_particles``, ``importance_draws``; those left out take :data:`SETTINGS`); a later call with the same key loads
     them, a concurrent one waits for them (see :func:`_cached` for damaged entries and unwritable caches).
     """
     if method not in KINDS:
         raise ValueError(f"reference.method must be one of {KINDS}, got {method!r}")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown reference settings {unknown}; known: {sorted(SETTINGS)}")
+    settings = {**SETTINGS, **settings}
     if method == "none" or (
         method == "auto"
         and (not task.release_from_mechanism or not task.mechanism.has_log_prob)

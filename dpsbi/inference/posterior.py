@@ -500,7 +500,7 @@ class FlowPosterior(Posterior):
             return None
         return (
             f"this {self.method} posterior was trained sequentially for task.y_obs; at another release it is "
-            "not a valid posterior (train with rounds=1 for an amortized one)"
+            "not a valid posterior (train with amortized=True for one valid at every release)"
         )
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
