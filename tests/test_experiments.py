@@ -483,7 +483,7 @@ def test_a_method_out_of_simulation_budget_ends_in_one_line(tmp_path):
 
 
 def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
-    naive = "{num_simulations: 100, training: {max_epochs: 2}, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
+    naive = "{num_simulations: 100, training: {max_epochs: 10}, flow: {transforms: 2, hidden: 16, blocks: 1, bins: 4, tail_bound: 5.0}}"
     # mhaar cannot run on poisson_counts (no record model): the sweep goes on, then says so and exits 1.
     sweep = _cli(
         "dpsbi-run",
