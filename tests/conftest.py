@@ -21,3 +21,22 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(dtype)
+
+
+def _step_traces_whole(estimator, round_index: int = 0) -> None:
+    """The estimator's training loss of round ``round_index`` on 20 stored rows traces whole
+    (``torch.compile(fullgraph=True)``, tracing only), equals the eager loss and has a gradient."""
+    loss = estimator.loss(round_index)
+    batch = tuple(t[:20] for t in estimator._dataset(False))
+    draws = loss.draw(20, torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    traced = torch.compile(loss.compute, backend="eager", fullgraph=True)(estimator.flow, batch, draws)
+    eager = loss.compute(estimator.flow, batch, draws)
+    assert torch.isfinite(eager) and torch.allclose(traced, eager, rtol=1e-5, atol=1e-5)
+    traced.backward()
+
+
+@pytest.fixture
+def step_traces_whole():
+    """:func:`_step_traces_whole`: a training step makes no data-dependent host decision."""
+    return _step_traces_whole

@@ -233,7 +233,7 @@ TINY = dict(rounds=1, sims_per_round=60, inner_samples=4, flow=dict(transforms=2
 
 
 @pytest.mark.parametrize("method", ["SPPE", "SPLE"])
-def test_a_composed_release_fits_and_its_step_traces_whole(method):
+def test_a_composed_release_fits_and_its_step_traces_whole(method, step_traces_whole):
     task = composed_task()
     assert task.epsilon == task.mechanism.epsilon and task.dim_s == 3
     training = dict(max_epochs=1, accelerator="cpu")
@@ -243,10 +243,4 @@ def test_a_composed_release_fits_and_its_step_traces_whole(method):
         assert estimator.dequantize and posterior.dequantized  # the count's block only
     draws = posterior.sample((20,), seed=0)
     assert draws.shape == (20, 1) and bool(torch.isfinite(draws).all())
-    loss = estimator.loss(0)
-    batch = tuple(t[:20] for t in estimator._dataset(False))
-    noise = loss.draw(20, torch.Generator().manual_seed(0))
-    torch._dynamo.reset()
-    traced = torch.compile(loss.compute, backend="eager", fullgraph=True)(estimator.flow, batch, noise)
-    eager = loss.compute(estimator.flow, batch, noise)
-    assert torch.isfinite(eager) and torch.allclose(traced, eager, rtol=1e-5, atol=1e-5)
+    step_traces_whole(estimator, 0)

@@ -44,37 +44,25 @@ def _fitted(method: str, task_name: str, rounds: int = 1, **kwargs):
     return estimator
 
 
-def _traced_equals_eager(estimator, round_index: int) -> None:
-    loss = estimator.loss(round_index)
-    batch = tuple(t[:20] for t in estimator._dataset(False))
-    draws = loss.draw(20, torch.Generator().manual_seed(0))
-    torch._dynamo.reset()
-    traced = torch.compile(loss.compute, backend="eager", fullgraph=True)(estimator.flow, batch, draws)
-    eager = loss.compute(estimator.flow, batch, draws)
-    assert torch.isfinite(eager) and torch.allclose(traced, eager, rtol=1e-5, atol=1e-5)
-    traced.backward()  # the gradient of the traced loss exists
-
-
 @pytest.mark.parametrize("task_name", sorted(TASKS))
-def test_the_sppe_step_traces_whole_in_both_losses(task_name):
+def test_the_sppe_step_traces_whole_in_both_losses(task_name, step_traces_whole):
     """Round 1's loss (proposal = prior) and the atomic loss of later rounds."""
     estimator = _fitted("SPPE", task_name, atoms=5)
-    _traced_equals_eager(estimator, 0)
-    _traced_equals_eager(estimator, 1)
+    step_traces_whole(estimator, 0)
+    step_traces_whole(estimator, 1)
 
 
 @pytest.mark.parametrize("task_name", sorted(TASKS))
-def test_the_sple_step_traces_whole(task_name):
-    _traced_equals_eager(_fitted("SPLE", task_name, rounds=1), 0)
+def test_the_sple_step_traces_whole(task_name, step_traces_whole):
+    step_traces_whole(_fitted("SPLE", task_name, rounds=1), 0)
 
 
-def test_the_naive_npe_step_traces_whole():
-    _traced_equals_eager(_fitted("NaiveNPE", "regression"), 0)
+def test_the_naive_npe_step_traces_whole(step_traces_whole):
+    step_traces_whole(_fitted("NaiveNPE", "regression"), 0)
 
 
-def test_the_epsilon_conditioned_step_traces_whole():
-    estimator = _fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0))
-    _traced_equals_eager(estimator, 0)
+def test_the_epsilon_conditioned_step_traces_whole(step_traces_whole):
+    step_traces_whole(_fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0)), 0)
 
 
 def test_the_sync_free_flow_traces_whole_in_sampling():
