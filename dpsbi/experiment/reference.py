@@ -387,14 +387,17 @@ def reference_posterior(
     Sampled references are cached under ``cache_dir/<task>/eps<epsilon>/<hash>.pt``, the hash covering the
     task config, the prior and the simulator (:func:`~dpsbi.tasks.identity.model_key`: a changed model under the
     same name never reuses an old reference), the release, ``method``, ``num_samples``, ``seed`` and ``settings`` (``pilot_simulations``,
-    ``max_simulations``, ``importance_particles``, ``importance_draws``; those left out take :data:`SETTINGS`); a later call with the same key loads
+    ``max_simulations``, ``importance_particles``, ``importance_draws``; those left out take :data:`SETTINGS`; ``likelihood_draws`` optionally sizes the
+    exact-likelihood importance sampler); a later call with the same key loads
     them, a concurrent one waits for them (see :func:`_cached` for damaged entries and unwritable caches).
     """
     if method not in KINDS:
         raise ValueError(f"reference.method must be one of {KINDS}, got {method!r}")
-    unknown = sorted(set(settings) - set(SETTINGS))
+    unknown = sorted(set(settings) - {*SETTINGS, "likelihood_draws"})
     if unknown:
-        raise ValueError(f"unknown reference settings {unknown}; known: {sorted(SETTINGS)}")
+        raise ValueError(
+            f"unknown reference settings {unknown}; known: {sorted({*SETTINGS, 'likelihood_draws'})}"
+        )
     settings = {**SETTINGS, **settings}
     if method == "none" or (
         method == "auto"
