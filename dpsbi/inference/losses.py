@@ -90,10 +90,9 @@ def noise_uniforms(
 ) -> Tensor:
     """The uniforms ``(rows, M, noise_dim [+ dim])`` of :func:`inner_releases`: RQMC (each row its own scrambled
     Sobol points) or plain MC, with one more coordinate per lattice coordinate of the release (``dim`` for a
-    lattice mechanism) for the cell offsets when ``dequantize``; on
-    ``device`` (default: the generator's)."""
+    lattice mechanism) for the cell offsets when ``dequantize``; on ``device`` (default: the generator's, as
+    :func:`~dpsbi.qmc.uniforms` chooses)."""
     extra = len(lattice_cells(mechanism)[0]) if dequantize else 0
-    device = device if device is not None else (generator.device if generator is not None else None)
     return uniforms(rows, inner_samples, mechanism.noise_dim + extra, qmc, generator, device, dtype)
 
 
