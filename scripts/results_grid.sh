@@ -5,6 +5,8 @@
 # whole seeds; each sweep writes a fixed directory below multirun/grid, so a killed grid resumes where it stopped
 # (finished runs are skipped). SEEDS and TASKS pick a part, e.g. two cores: TASKS=sir in one job, TASKS='regression
 # naive_bayes' in the other. Then: python scripts/main_grid.py collect multirun/grid --out results/main_grid.jsonl
+# METHODS, EPSILONS and GRID_DIR narrow a rerun, e.g. the new flow's cells at epsilon 1 (RESULTS "The sync-free
+# training step"): GRID_DIR=multirun/backend METHODS=sppe,sple EPSILONS=1 TASKS=sir SEEDS='1 2' scripts/results_grid.sh
 set -euo pipefail
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
 run=${DPSBI_RUN:-.venv/bin/dpsbi-run}
@@ -16,8 +18,9 @@ for seed in ${SEEDS:-0 1 2}; do
       sir) epsilons=0.1,1,10 classical=smc_abc ;;
       *) echo "results_grid.sh: unknown task '$task' (regression, naive_bayes or sir)" >&2; exit 2 ;;
     esac
+    [ "$task" = naive_bayes ] || epsilons=${EPSILONS:-$epsilons}
     "$run" -m experiment=results "task=$task" "task.epsilon=$epsilons" \
-      "method=sppe,sple,naive_npe,$classical" "seed=$seed" progress=false trainer.threads=1 \
-      "hydra.sweep.dir=multirun/grid/${task}_seed${seed}" "$@"
+      "method=${METHODS:-sppe,sple,naive_npe,$classical}" "seed=$seed" progress=false trainer.threads=1 \
+      "hydra.sweep.dir=${GRID_DIR:-multirun/grid}/${task}_seed${seed}" "$@"
   done
 done
