@@ -13,6 +13,11 @@ coordinates) and C2ST accuracies against
   over seeds 0 and 1);
 * ``self``: the same sampler, seed 0 against seed 1 (the noise floor of C2ST at these sizes, ~0.5).
 
+``--releases B`` times ``posterior.sample_batched((n,), releases)`` at ``B`` prior-predictive releases (every
+release's chains in one run) against a loop of ``B`` calls of ``posterior.sample`` (one run per release, what
+``sample_batched`` did before), on ``--device`` (``cpu`` or ``cuda``), with the sequential calls of each, instead
+of the samplers' table.
+
 ``--quick`` is a smoke test of the script, in seconds: a one-transform flow trained for one epoch on 100
 simulations, and every sampler's warm-up cut to ``QUICK_WARMUP`` steps (sbi's slice sampler still tunes for its
 own 50 steps first); its timings say nothing about the default flow.
@@ -32,8 +37,7 @@ from pathlib import Path
 import torch
 
 import dpsbi
-from dpsbi.inference import posterior as posterior_module
-from dpsbi.inference.mcmc import MCMCSettings, slice_sample
+from dpsbi.inference.mcmc import MCMCSettings
 from dpsbi.inference.posterior import LikelihoodPosterior, load_posterior
 from dpsbi.metrics import c2st
 
@@ -87,18 +91,40 @@ class Counting:
 
 
 def diagnostics(posterior: LikelihoodPosterior, n: int, seed: int) -> dict:
-    """The sampler's ``info`` (see :func:`~dpsbi.inference.mcmc.slice_sample`) for ``posterior.sample((n,), seed=seed)``."""
+    """The sampler's ``info`` (see :func:`~dpsbi.inference.mcmc.slice_sample_groups`) for ``posterior.sample((n,),
+    seed=seed)``: the same run, with its diagnostics kept."""
     info: dict = {}
-
-    def with_info(*args, **kwargs):
-        return slice_sample(*args, **{**kwargs, "info": info})
-
-    posterior_module.slice_sample = with_info
-    try:
-        posterior.sample((n,), seed=seed)
-    finally:
-        posterior_module.slice_sample = slice_sample
+    posterior._slice_sample(
+        n, posterior._conditions(None, None, True), posterior._noise_generator(None, seed), info
+    )
     return info
+
+
+def batched(posterior: LikelihoodPosterior, releases: int, samples: int, device: str) -> None:
+    """Print the wall seconds and sequential density calls of ``sample_batched`` at ``releases`` prior-predictive
+    releases against one ``sample`` per release (module docstring)."""
+    generator = torch.Generator().manual_seed(0)
+    task = posterior.task
+    y = task.simulate_release(task.prior.sample((releases,)), generator=generator).to(device)
+    post = posterior.to(device)
+    counting = Counting(post)
+    timings = {}
+    for name, run in (
+        ("sample_batched, one run", lambda: post.sample_batched((samples,), y, seed=0)),
+        ("sample per release", lambda: [post.sample((samples,), y=r[None], seed=0) for r in y]),
+    ):
+        run()  # warm-up (a CUDA context, kernels)
+        calls = counting.calls
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        timings[name] = (time.perf_counter() - start, counting.calls - calls)
+    print(f"\n{samples} draws at each of {releases} releases on {device}, {posterior.task.name}")
+    for name, (seconds, calls) in timings.items():
+        print(f"{name:28s} {seconds:8.2f} s {calls:7d} calls")
 
 
 def main() -> None:
@@ -112,12 +138,16 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="seconds-scale fit and warm-ups (a smoke test of the script)"
     )
+    parser.add_argument("--releases", type=int, default=0, help="time sample_batched at this many releases")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     samplers = {name: settled(config, args.quick) for name, config in SAMPLERS.items()}
     reference_settings = settled(REFERENCE, args.quick)
 
     posterior = trained_posterior(args.posterior, args.retrain, args.quick)
+    if args.releases:
+        return batched(posterior, args.releases, args.samples, args.device)
     reference_path = args.posterior.with_suffix(".reference.pt")
     if reference_path.exists() and not args.retrain:
         reference = torch.load(reference_path)

@@ -404,10 +404,24 @@ def test_sample_batched_is_one_flow_call_with_the_draws_of_sample(task, monkeypa
     assert not torch.allclose(same[:, 0], same[:, 1])
 
 
-def test_sample_batched_of_a_likelihood_posterior_runs_one_chain_set_per_release(posteriors):
+def test_sample_batched_of_a_likelihood_posterior_runs_every_release_in_one_chain_set(
+    posteriors, monkeypatch
+):
+    """All releases' chains in one run (each density call holds every release's rows), column ``b`` drawn at
+    release ``b`` (its mean is nearest to ``sample``'s at ``b`` among the releases'); with one release exactly
+    the draws of ``sample``."""
     post = posteriors["sple"]
-    draws = post.sample_batched((20,), RELEASES[:2], seed=0)
-    assert draws.shape == (20, 2, 2) and torch.isfinite(draws).all()
+    calls = []
+    density = post.log_density_z
+    monkeypatch.setattr(post, "log_density_z", lambda z, y: calls.append(z.shape[:-1]) or density(z, y))
+    draws = post.sample_batched((400,), RELEASES, seed=0)
+    assert draws.shape == (400, 3, 2) and torch.isfinite(draws).all()
+    batched = len(calls)
+    post.sample((400,), y=RELEASES[:1], seed=0)
+    assert batched <= 2 * (len(calls) - batched), (batched, len(calls) - batched)
+    singles = torch.stack([post.sample((400,), y=RELEASES[b : b + 1], seed=5 + b).mean(0) for b in range(3)])
+    nearest = torch.cdist(draws.mean(0), singles).argmin(1)
+    assert nearest.tolist() == [0, 1, 2], (draws.mean(0), singles)
     assert torch.equal(
         post.sample_batched((20,), RELEASES[:1], seed=3)[:, 0], post.sample((20,), y=RELEASES[:1], seed=3)
     )

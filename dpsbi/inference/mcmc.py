@@ -86,11 +86,14 @@ class MCMCSettings(Settings):
 def resample_init(
     candidates: Tensor, log_density: Tensor, num_chains: int, generator: torch.Generator | None
 ) -> Tensor:
-    """``num_chains`` rows of ``candidates (K, d)`` drawn with probabilities ``softmax(log_density)``."""
+    """``num_chains`` rows of ``candidates (K, d)`` drawn with probabilities ``softmax(log_density)``:
+    ``(num_chains, d)`` for ``log_density (K,)``, ``(G, num_chains, d)`` for one density per group, ``(G, K)``."""
     finite = torch.where(torch.isfinite(log_density), log_density, -math.inf)
-    if not torch.isfinite(finite).any():
-        raise RuntimeError("the target density is zero or not finite at every initial candidate")
-    probs = torch.softmax(finite.double(), 0).to(candidates.device)
+    hopeless = ~torch.isfinite(finite).any(-1)
+    if hopeless.any():  # once per run
+        which = "" if finite.ndim == 1 else f" of group {int(hopeless.nonzero()[0])}"
+        raise RuntimeError(f"the target density{which} is zero or not finite at every initial candidate")
+    probs = torch.softmax(finite.double(), -1).to(candidates.device)
     return candidates[torch.multinomial(probs, num_chains, replacement=True, generator=generator)]
 
 
@@ -117,36 +120,72 @@ def slice_sample(
     ``S = ceil(num_samples / C)``), ``ess`` and ``rhat`` (per coordinate: ArviZ's bulk effective sample size
     and rank-normalized split R-hat of the ``C`` chains, :func:`dpsbi.diagnostics.ess` and
     :func:`dpsbi.diagnostics.rhat`; NaN for chains too short to tell: ``S < 10`` for the ESS, ``S < 4`` for
-    R-hat); the torch sampler adds ``evaluations_per_update``
-    and ``first_accept`` (the fraction of kept-phase updates accepted at their first proposal, its
-    acceptance rate in Metropolis terms).
+    R-hat); the torch sampler adds ``evaluations_per_update``, ``first_accept`` (the fraction of kept-phase
+    updates accepted at their first proposal, its acceptance rate in Metropolis terms) and ``host_reads``
+    (values the sampler read back from ``init``'s device: one per shrinkage round, plus the final count).
     """
     if init.ndim != 2 or init.shape[0] < 1:
         raise ValueError(f"init must have shape (num_chains, d), got {tuple(init.shape)}")
+    dim = init.shape[1]
+
+    def grouped(x: Tensor, group: Tensor) -> Tensor:
+        return log_density(x.reshape(-1, dim)).reshape(x.shape[:-1])
+
+    draws = slice_sample_groups(grouped, init[None], num_samples, config, seed, width, progress, info)
+    if info is not None and num_samples > 0:
+        info.update(draws=info["draws"][:, 0], ess=info["ess"][0], rhat=info["rhat"][0])
+    return draws[:, 0]
+
+
+def slice_sample_groups(
+    log_density: Callable[[Tensor, Tensor], Tensor],
+    init: Tensor,
+    num_samples: int,
+    config: MCMCSettings,
+    seed: int,
+    width: Tensor | float = 1.0,
+    progress: bool = False,
+    info: dict | None = None,
+) -> Tensor:
+    """``(num_samples, G, d)`` draws from ``G`` unnormalized densities at once, group ``g`` by the ``C`` chains
+    started at ``init[g]`` (``init (G, C, d)``): ``log_density(x (n, k, d), group (n,))`` is ``(n, k)``, row
+    ``i``'s points under group ``group[i]``'s density (e.g. one posterior per release, all releases' chains
+    evaluated in one call). The torch sampler updates every group's chains in lockstep (a t approximation per
+    group), so a call's size grows with ``G`` and the number of sequential calls does not; sbi's numpy
+    sampler (``slice_np_vectorized``) runs one group only. Otherwise as :func:`slice_sample` (``info["draws"]``
+    is ``(S, G, C, d)``, ``ess`` and ``rhat`` are ``(G, d)``)."""
+    if init.ndim != 3 or init.shape[1] < 1:
+        raise ValueError(f"init must have shape (groups, num_chains, d), got {tuple(init.shape)}")
     if num_samples < 0:
         raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    groups, chains, dim = init.shape
     if num_samples == 0:
-        return init.new_zeros(0, init.shape[1])
-    sampler = _elliptical_slice if config.method == "elliptical_slice" else _slice_numpy
-    draws, details = sampler(log_density, init, num_samples, config, seed, width, progress)  # (S, C, d)
+        return init.new_zeros(0, groups, dim)
+    if config.method == "elliptical_slice":
+        draws, details = _elliptical_slice(log_density, init, num_samples, config, seed, width, progress)
+    elif groups == 1:
+        draws, details = _slice_numpy(log_density, init[0], num_samples, config, seed, width, progress)
+    else:
+        raise ValueError(f"the {config.method} sampler runs one group at a time, got {groups}")
     if info is not None:
         info.clear()
+        by_chain = draws.permute(1, 2, 0, 3)  # (G, C, S, d): ArviZ's layout per group
         info.update(
             method=config.method,
-            num_chains=init.shape[0],
+            num_chains=chains,
             draws=draws,
-            ess=ess(draws.transpose(0, 1)),
-            rhat=rhat(draws.transpose(0, 1)),
+            ess=torch.stack([ess(g) for g in by_chain]),
+            rhat=torch.stack([rhat(g) for g in by_chain]),
             **details,
         )
-    return draws.reshape(-1, init.shape[1])[:num_samples]
+    return draws.transpose(1, 2).reshape(-1, groups, dim)[:num_samples]  # row i: step i // C, chain i % C
 
 
 # ---- the torch sampler ----------------------------------------------------------------------------------
 
 
 def _elliptical_slice(log_density, init, num_samples, config, seed, width, progress):
-    chains, dim = init.shape
+    groups, chains, dim = init.shape
     dtype, device = init.dtype, init.device
     generator = torch.Generator(device=device).manual_seed(int(seed) % 2**63)
     per_chain = math.ceil(num_samples / chains)
@@ -158,7 +197,7 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
 
     x = init.clone()
     with torch.no_grad():
-        logp = counter(x)
+        logp = counter(x, torch.arange(groups, device=device))  # (G, C): group g's C chains in one row
     history = [x]  # warm-up states the fit is drawn from: the later half, once it holds 10 (d + 1) states
     # The first fit is widened by the prior's spread: the chains may start at a few distinct points (a
     # resampled init of a narrow posterior), whose covariance would keep them together.
@@ -171,69 +210,73 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
     for step in _steps(steps, progress):
         window = history[len(history) // 2 :]
         if 0 < step < warmup and len(window) * chains >= 10 * (dim + 1):
-            fit = _TFit.of(torch.cat(window), floor)
+            fit = _TFit.of(torch.cat(window, 1), floor)
         with torch.no_grad():
             x, logp, accepted_first = _gess_update(counter, x, logp, fit, generator)
         if step < warmup:
             history.append(x)
         else:
             first = first + accepted_first.sum()
-            updates += chains
+            updates += groups * chains
             if (step - warmup + 1) % thin == 0:
                 kept.append(x)
-    draws = torch.stack(kept) if kept else init.new_zeros(0, chains, dim)
+    draws = torch.stack(kept) if kept else init.new_zeros(0, groups, chains, dim)
     details = dict(
         calls=counter.calls,
         evaluations=counter.rows,
-        evaluations_per_update=(counter.rows - chains) / max(chains * steps, 1),
+        evaluations_per_update=(counter.rows - groups * chains) / max(groups * chains * steps, 1),
         first_accept=int(first) / updates if updates else math.nan,
+        host_reads=counter.reads + 1,
     )
     return draws, details
 
 
 class _Counter:
-    """``log_density`` with NaN read as ``-inf``, counting calls and rows."""
+    """``log_density`` with NaN read as ``-inf``, counting calls, rows and the shrinkage's host reads."""
 
-    def __init__(self, log_density: Callable[[Tensor], Tensor]) -> None:
-        self.log_density, self.calls, self.rows = log_density, 0, 0
+    def __init__(self, log_density: Callable[[Tensor, Tensor], Tensor]) -> None:
+        self.log_density, self.calls, self.rows, self.reads = log_density, 0, 0, 0
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, group: Tensor) -> Tensor:
         self.calls += 1
-        self.rows += x.shape[0]
-        value = self.log_density(x)
-        if value.shape != x.shape[:1]:
+        self.rows += x.shape[0] * x.shape[1]
+        value = self.log_density(x, group)
+        if value.shape != x.shape[:-1]:
             raise ValueError(
-                f"log_density must map (n, d) to (n,), got {tuple(value.shape)} for {tuple(x.shape)}"
+                f"log_density must map (n, k, d) to (n, k), got {tuple(value.shape)} for {tuple(x.shape)}"
             )
         return torch.where(torch.isnan(value), -math.inf, value)
 
 
 @dataclass
 class _TFit:
-    """Multivariate t ``T(mu, L L', DOF)`` with the mean and covariance of ``states (n, d)`` (the covariance
-    plus 0.1% of its diagonal and a floor, so that a population of few distinct points still spans R^d)."""
+    """Per group ``g``, a multivariate t ``T(mu_g, L_g L_g', DOF)`` with the mean and covariance of the group's
+    states (the covariance plus 0.1% of its diagonal and a floor, so that a population of few distinct points
+    still spans R^d): ``mu (G, d)``, ``chol (G, d, d)``."""
 
     mu: Tensor
     chol: Tensor
 
     @classmethod
     def of(cls, states: Tensor, floor: Tensor) -> _TFit:
-        mu = states.mean(0)
-        centred = states - mu
-        cov = centred.T @ centred / max(states.shape[0] - 1, 1)
-        cov = cov + torch.diag(1e-3 * cov.diagonal() + floor)
+        """The fit to ``states (G, n, d)``."""
+        mu = states.mean(1)
+        centred = states - mu[:, None]
+        cov = centred.mT @ centred / max(states.shape[1] - 1, 1)
+        cov = cov + torch.diag_embed(1e-3 * cov.diagonal(dim1=-2, dim2=-1) + floor)
         chol, error = torch.linalg.cholesky_ex(cov.double())
         # not positive definite in float round-off: keep the diagonal (chosen on the device, no host read)
-        chol = torch.where(error == 0, chol, torch.diag(cov.diagonal().double().sqrt()))
+        diagonal = torch.diag_embed(cov.diagonal(dim1=-2, dim2=-1).double().sqrt())
+        chol = torch.where((error == 0)[:, None, None], chol, diagonal)
         return cls(mu, chol.to(states.dtype))
 
     def whiten(self, x: Tensor) -> Tensor:
-        """``L^-1 (x - mu)`` for rows ``x (n, d)``."""
-        return torch.linalg.solve_triangular(self.chol, (x - self.mu).T, upper=False).T
+        """``L_g^-1 (x - mu_g)`` for each group's rows ``x (G, C, d)``."""
+        return torch.linalg.solve_triangular(self.chol, (x - self.mu[:, None]).mT, upper=False).mT
 
-    def colour(self, w: Tensor) -> Tensor:
-        """``mu + L w`` for whitened rows ``w (n, d)``."""
-        return self.mu + w @ self.chol.T
+    def colour(self, w: Tensor, group: Tensor) -> Tensor:
+        """``mu_g + L_g w`` for whitened points ``w (n, k, d)`` of the groups ``group (n,)``."""
+        return self.mu[group, None] + w @ self.chol[group].mT
 
 
 def _log_t(q: Tensor, dim: int) -> Tensor:
@@ -242,30 +285,32 @@ def _log_t(q: Tensor, dim: int) -> Tensor:
 
 
 def _gess_update(counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generator: torch.Generator):
-    """One generalized elliptical slice update of every chain: new states ``(C, d)``, their log densities,
-    and which chains accepted their first proposal."""
-    chains, dim = x.shape
+    """One generalized elliptical slice update of every chain of every group: new states ``(G, C, d)``, their
+    log densities ``(G, C)``, and which chains accepted their first proposal ``(G, C)``. The chains still
+    shrinking are compacted after each round, by one read of how many they are (no boolean-mask indexing)."""
+    groups, chains, dim = x.shape
+    shape, flat = x.shape, groups * chains
     dtype, device = x.dtype, x.device
 
-    def uniform(*shape):
-        return torch.rand(*shape, generator=generator, dtype=dtype, device=device)
+    def uniform(*size):
+        return torch.rand(*size, generator=generator, dtype=dtype, device=device)
 
-    def normal(*shape):
-        return torch.randn(*shape, generator=generator, dtype=dtype, device=device)
+    def normal(*size):
+        return torch.randn(*size, generator=generator, dtype=dtype, device=device)
 
-    a = fit.whiten(x)  # current point, whitened and centred
+    a = fit.whiten(x).reshape(flat, dim)  # current points, whitened and centred
+    group = torch.arange(groups, device=device).repeat_interleave(chains)
     q = (a * a).sum(-1)
-    scale = ((DOF + q) / normal(chains, DOF + dim).square().sum(-1)).sqrt()  # sqrt(s), s ~ InvGamma
-    b = scale[:, None] * normal(chains, dim)  # the auxiliary point, whitened and centred
-    level = logp - _log_t(q, dim) + torch.log(uniform(chains))  # slice under target / T
-    angle = 2 * math.pi * uniform(chains)
+    scale = ((DOF + q) / normal(flat, DOF + dim).square().sum(-1)).sqrt()  # sqrt(s), s ~ InvGamma
+    b = scale[:, None] * normal(flat, dim)  # the auxiliary points, whitened and centred
+    level = logp.reshape(flat) - _log_t(q, dim) + torch.log(uniform(flat))  # slice under target / T
+    angle = 2 * math.pi * uniform(flat)
     lo, hi = angle - 2 * math.pi, angle.clone()
 
-    new_x, new_logp = x.clone(), logp.clone()
-    active = torch.arange(chains, device=device)
-    accepted_first = torch.zeros(chains, dtype=torch.bool, device=device)  # set by the first round
+    new_x, new_logp = x.reshape(flat, dim).clone(), logp.reshape(flat).clone()
+    active, n = torch.arange(flat, device=device), flat
+    accepted_first = torch.zeros(flat, dtype=torch.bool, device=device)  # set by the first round
     for round_index in range(MAX_ROUNDS):
-        n = active.numel()
         if n == 0:
             break
         k = min(MAX_ANGLES, max(1, -(-MIN_ROWS // n)))
@@ -273,11 +318,9 @@ def _gess_update(counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generat
         angles = lo_a[:, None] + (hi_a - lo_a)[:, None] * uniform(n, k)
         if round_index == 0:
             angles[:, 0] = angle  # the first proposal: the bracket's end (the same point as its start)
-        w = (
-            a[active, None, :] * angles.cos()[..., None] + b[active, None, :] * angles.sin()[..., None]
-        )  # (n, k, d)
-        proposals = fit.colour(w.reshape(n * k, dim))
-        logp_prop = counter(proposals).reshape(n, k)
+        w = a[active, None, :] * angles.cos()[..., None] + b[active, None, :] * angles.sin()[..., None]
+        proposals = fit.colour(w, group[active])  # (n, k, d)
+        logp_prop = counter(proposals, group[active])
         ratio = logp_prop - _log_t(w.square().sum(-1), dim)
         level_a = level[active]
         done = torch.zeros(n, dtype=torch.bool, device=device)
@@ -294,11 +337,15 @@ def _gess_update(counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generat
         if round_index == 0:
             accepted_first = done & (choice == 0)
         lo[active], hi[active] = lo_a, hi_a
-        rows = active[done]
-        new_x[rows] = proposals.reshape(n, k, dim)[done, choice[done]]
-        new_logp[rows] = logp_prop[done, choice[done]]
-        active = active[~done]
-    return new_x, new_logp, accepted_first
+        chosen = proposals.gather(1, choice[:, None, None].expand(n, 1, dim))[:, 0]
+        new_x[active] = torch.where(done[:, None], chosen, new_x[active])
+        new_logp[active] = torch.where(done, logp_prop.gather(1, choice[:, None])[:, 0], new_logp[active])
+        n = int((~done).sum())  # the round's one host read
+        counter.reads += 1
+        active = active[
+            torch.argsort(done.to(torch.uint8), stable=True)[:n]
+        ]  # those still shrinking, in order
+    return new_x.reshape(shape), new_logp.reshape(shape[:2]), accepted_first.reshape(shape[:2])
 
 
 def _steps(steps: int, progress: bool):
@@ -313,6 +360,7 @@ def _steps(steps: int, progress: bool):
 
 
 def _slice_numpy(log_density, init, num_samples, config, seed, width, progress):
+    """sbi's sampler on the one group of a grouped ``log_density``: draws ``(S, 1, C, d)`` and details."""
     from sbi.samplers.mcmc.slice_numpy import SliceSamplerVectorized
 
     dtype, device = init.dtype, init.device
@@ -320,7 +368,8 @@ def _slice_numpy(log_density, init, num_samples, config, seed, width, progress):
 
     def numpy_log_density(x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            values = counter(torch.as_tensor(x, dtype=dtype).to(device))
+            points = torch.as_tensor(x, dtype=dtype).to(device)[:, None]
+            values = counter(points, torch.zeros(len(points), dtype=torch.long, device=device))[:, 0]
         return values.double().cpu().numpy()
 
     chains, dim = init.shape
@@ -336,4 +385,4 @@ def _slice_numpy(log_density, init, num_samples, config, seed, width, progress):
     sampler.rng = np.random.RandomState(seed % 2**32)
     draws = sampler.run(config.warmup + per_chain * config.thin)  # (C, steps, d)
     kept = torch.as_tensor(draws[:, config.warmup :: config.thin][:, :per_chain], dtype=dtype)
-    return kept.transpose(0, 1).to(device), dict(calls=counter.calls, evaluations=counter.rows)
+    return kept.transpose(0, 1)[:, None].to(device), dict(calls=counter.calls, evaluations=counter.rows)

@@ -25,7 +25,7 @@ from ..tasks.identity import identity, simulator_probe
 from . import posterior_file
 from .flows import ConditionalFlow, FlowSettings
 from .losses import dequantized, with_log_epsilon
-from .mcmc import MCMCSettings, resample_init, slice_sample
+from .mcmc import MCMCSettings, resample_init, slice_sample_groups
 from .parameters import ParameterSpace
 from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .seeding import draw_seed, make_generator
@@ -154,7 +154,8 @@ class Posterior(abc.ABC):
         or one per release, ``(B,)`` (class docstring); ``seed`` or ``generator`` fix them. With one release the
         draws are those of :meth:`sample` under the same seed. A
         :class:`FlowPosterior` maps all of them in one vectorized flow pass (in chunks of :data:`CHUNK_ROWS`
-        flow rows); a :class:`LikelihoodPosterior` runs one MCMC per release (a loop). sbi's keywords: class
+        flow rows); a :class:`LikelihoodPosterior` runs every release's MCMC chains in one run (its sequential
+        calls as for one release, each call ``B`` times as large). sbi's keywords: class
         docstring."""
         shape = _sample_shape(sample_shape)
         y = self._conditions(_release_or_x(y, x, "sample_batched", required=True), epsilon, single=False)
@@ -586,8 +587,11 @@ class LikelihoodPosterior(Posterior):
         return self.space.log_prior_z(z) + self.log_likelihood_z(y, z)
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
-        """One slice-sampling run per release (a loop over the ``B`` rows of ``y``), stacked to ``(n, B, dim)``."""
-        return torch.stack([self._slice_sample(n, y[b : b + 1], generator) for b in range(y.shape[0])], dim=1)
+        """``(n, B, dim)`` draws at the ``B`` rows of ``y``: the torch sampler runs every release's chains in one
+        run; sbi's numpy sampler (older files) one run per release."""
+        if self.mcmc.method == "elliptical_slice":
+            return self._slice_sample(n, y, generator)
+        return torch.cat([self._slice_sample(n, y[b : b + 1], generator) for b in range(y.shape[0])], dim=1)
 
     @torch.no_grad()
     def sample_chains(
@@ -613,7 +617,7 @@ class LikelihoodPosterior(Posterior):
         y = self._conditions(y, epsilon, single=True)
         info: dict = {}
         self._slice_sample(int(num_samples), y, self._noise_generator(generator, seed), info, mcmc)
-        return self._finite(self.space.to_theta(info["draws"])).transpose(0, 1)  # draws: (S, C, dim)
+        return self._finite(self.space.to_theta(info["draws"][:, 0])).transpose(0, 1)  # draws: (S, 1, C, dim)
 
     def _slice_sample(
         self,
@@ -623,21 +627,26 @@ class LikelihoodPosterior(Posterior):
         info: dict | None = None,
         mcmc: MCMCSettings | None = None,
     ) -> Tensor:
-        """``n`` draws ``(n, dim)`` at one release ``y (1, dim_s)``: slice sampling from ``num_chains`` chains
-        started among ``init_candidates`` prior draws, as ``mcmc`` (default: the posterior's settings) says;
-        ``info`` as in :func:`~dpsbi.inference.mcmc.slice_sample`."""
+        """``n`` draws ``(n, B, dim)`` at the releases ``y (B, dim_s)``: slice sampling from ``num_chains`` chains
+        per release, started among ``init_candidates`` prior draws (shared by the releases) resampled by each
+        release's density, as ``mcmc`` (default: the posterior's settings) says; ``info`` as in
+        :func:`~dpsbi.inference.mcmc.slice_sample_groups`."""
         mcmc = self.mcmc if mcmc is None else mcmc
         run_seed = draw_seed(generator)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(run_seed)
             candidates = self.space.to_z(self.task.prior.sample((mcmc.init_candidates,))).to(self.device)
         init_gen = torch.Generator(device=self.device).manual_seed(run_seed)
-        log_density = _in_chunks(lambda chunk: self.log_density_z(chunk, y), candidates)
-        init = resample_init(candidates, log_density, mcmc.num_chains, init_gen)
+        releases = len(y)
+        log_density = _in_chunks(lambda chunk: self.log_density_z(chunk[:, None], y), candidates, releases)
+        init = resample_init(candidates, log_density.T, mcmc.num_chains, init_gen)  # (B, C, dim)
         width = candidates.std(0)  # the prior's spread: wider than the posterior's, as the sampler likes it
-        return slice_sample(
-            lambda v: self.log_density_z(v, y), init, n, mcmc, run_seed, width, self.progress, info=info
-        )
+
+        def density(z: Tensor, group: Tensor) -> Tensor:  # z (m, k, dim) at the releases y[group] -> (m, k)
+            rows = torch.arange(len(z), device=z.device)
+            return _in_chunks(lambda i: self.log_density_z(z[i], y[group[i], None]), rows, z.shape[1])
+
+        return slice_sample_groups(density, init, n, mcmc, run_seed, width, self.progress, info=info)
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
         return self.task.prior.log_prob(self.space.to_theta(z.to(self.space.device))).to(
