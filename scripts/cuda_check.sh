@@ -7,15 +7,18 @@
 #      synchronizations counted (scripts/bench_step.py);
 #   3. the default SPPE fit on regression at epsilon 1 on CUDA with its step compiled (compile=True), with one CPU
 #      core of the same machine fitting the same beside it from the start (CPU work only: it does not share the
-#      GPU), each scored every round.
+#      GPU), each scored every round;
+#   4. SPLE's sample_batched at 500 releases on CUDA, every release's chains in one run, against one run per
+#      release (scripts/bench_sple_sampling.py --releases).
 # The GPU jobs run one at a time, so that their timings are their own. Each part has its own timeout and writes
 # its result as it goes, straight into $OUT (a new folder; default results/cuda/<date-time>), no subfolders:
 #   log.txt  pytest.log  bench_step.jsonl  bench_step_cpu.jsonl  frontier_cuda_sppe.jsonl  frontier_cpu_sppe.jsonl
+#   bench_sple_sampling.txt
 # Packages the machine lacks can come as wheels in .whl/ (installed into /tmp/site first); a reference cache made
 # here can come in .dpsbi_cache/ (else the fits compute the reference first, untimed).
 set -uo pipefail
 OUT=${OUT:-results/cuda/$(date +%Y-%m-%d_%H-%M-%S)}
-FIT_SECONDS=${FIT_SECONDS:-150}   # the CUDA fit's budget (rounds are scored beyond it); the CPU fit's: 380 s
+FIT_SECONDS=${FIT_SECONDS:-120}   # the CUDA fit's budget (rounds are scored beyond it); the CPU fit's: 380 s
 TEST_SECONDS=${TEST_SECONDS:-120}
 BENCH_SECONDS=${BENCH_SECONDS:-130}
 if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
@@ -64,6 +67,10 @@ stamp "bench cuda rc $?"
 
 stamp "default SPPE on CUDA, its step compiled (a CUDA graph)"
 fit frontier_cuda_sppe "$FIT_SECONDS" --method sppe --overrides '{"training": {"compile": true}}'
+stamp "SPLE's sample_batched at 500 releases on CUDA"
+timeout -k 10 60 python3 scripts/bench_sple_sampling.py --posterior /tmp/sple_bench.pt --releases 500 \
+  --samples 1000 --device cuda >"$OUT/bench_sple_sampling.txt" 2>&1
+stamp "bench sple rc $?"
 wait "$cpu_bench"
 stamp "bench cpu rc $?"
 wait "$cpu_fit"
