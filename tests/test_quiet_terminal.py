@@ -1,5 +1,5 @@
-"""A default fit keeps the terminal readable: one progress bar over rounds and nothing else; a default run's
-metric that cannot be computed is a blank cell with its reason in the run's log, not a warning."""
+"""A default fit keeps the terminal readable: one progress bar (its round, elapsed and expected remaining time) and
+nothing else; a default run's metric that cannot be computed is a blank cell with its reason in the run's log, not a warning."""
 
 import logging
 import subprocess
@@ -35,7 +35,15 @@ def test_a_default_two_round_fit_prints_one_bar_and_no_warning():
         assert noise not in output, noise
     # tqdm redraws one line per update ("\r"): what a terminal keeps is one line per bar
     assert output.count("\n") <= 40, output
-    assert all(line.lstrip().startswith(("SPPE rounds", "SPLE rounds")) for line in lines), lines
+    assert all(line.lstrip().startswith(("SPPE fit", "SPLE fit")) for line in lines), lines
+    # the bar ends on the fit's round and elapsed time, with no estimate left
+    assert lines[-1].rstrip().endswith("elapsed") and "round 2/2" in lines[-1], lines
+
+
+def test_progress_false_prints_nothing():
+    script = SCRIPT.replace("training=dict(max_steps=20))", "training=dict(max_steps=20), progress=False)")
+    done = subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, timeout=600)
+    assert done.returncode == 0 and done.stdout + done.stderr == b"", done.stderr.decode()
 
 
 def test_a_metric_that_cannot_be_computed_is_blank_with_its_reason_in_the_log(caplog):
@@ -51,3 +59,22 @@ def test_a_metric_that_cannot_be_computed_is_blank_with_its_reason_in_the_log(ca
     (record,) = [r for r in caplog.records if "nlog" in r.getMessage()]
     assert record.levelno == logging.INFO and "singular" in record.getMessage()
     assert torch.isfinite(torch.tensor(score(collapsed + torch.randn(200, 2))["nlog"]))
+
+
+def test_the_estimate_counts_the_steps_every_round_takes_and_prices_unrun_kinds_by_the_probe():
+    """The plan made at the first round's training is the steps the later rounds take (fixed by the settings);
+    SPPE's atomic rounds are another kind of step, priced by the probe's ratio to the measured first round."""
+    from dpsbi.inference.progress import FitProgress
+
+    task = dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0)
+    settings = dict(rounds=3, sims_per_round=230, training=dict(max_steps=30, patience=10**6), progress=False)
+    estimator = dpsbi.SPPE(task, **settings)
+    plan = estimator.planned_rounds(0, 230 - 12)  # 12 = round(0.05 * 230) validation rows
+    estimator.run()
+    assert plan == [(1, estimator.history[1]["steps"]), (2, estimator.history[2]["steps"])]
+    assert estimator.step_work(1) == 10 * estimator.step_work(0)  # 10 atoms
+    progress = FitProgress(estimator, 0, False)  # learns the finished rounds' rates from history
+    first, atomic = estimator.step_work(0), estimator.step_work(1)
+    progress.measured = {first: 0.01}
+    progress.probed = {first: 0.002, atomic: 0.009}
+    assert abs(progress.seconds_per_step(1) - 0.045) < 1e-12

@@ -18,7 +18,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..files import exclusive
 from ..mechanisms.epsilon import at_epsilons, epsilon_range_problem, log_uniform, nominal_epsilon
@@ -31,10 +30,11 @@ from .losses import with_log_epsilon
 from .parameters import ParameterSpace
 from .posterior import Posterior
 from .posterior_file import task_spec
+from .progress import FitProgress
 from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .seeding import derive_seed
 from .settings import Settings
-from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow, training_device
+from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow, planned_steps, training_device
 
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
@@ -408,6 +408,13 @@ class SequentialEstimator(abc.ABC):
         """Method-specific settings (part of the checkpoint's fingerprint)."""
         return {}
 
+    def step_work(self, round_index: int) -> float:
+        """What a training step of the round at ``round_index`` (0-based) evaluates, in flow evaluations (batch
+        rows x releases per row; SPPE's atomic rounds x atoms). The fit's time estimate
+        (:mod:`~dpsbi.inference.progress`) prices rounds of equal work at one measured step time and times a
+        probe of each other kind; the number itself only tells kinds apart."""
+        return self.training.batch_size * self.inner_samples
+
     def proposal_draws(self, round_index: int, posterior: Posterior, n: int, seed: int) -> Tensor:
         """The ``n`` parameters ``(n, dim_theta)`` of the round at ``round_index`` (0-based, so at least 1: not
         the first round): the posterior at ``task.y_obs`` (subclasses may propose otherwise), drawn under
@@ -440,19 +447,11 @@ class SequentialEstimator(abc.ABC):
         posterior = self.posterior(start - 1) if start else None
         if start and self.stop_when_stable is not None and self._stable_reference is None:
             self._stable_reference = self.stability_summary(posterior)
-        bar = tqdm(
-            total=self.rounds,
-            initial=start,
-            desc=f"{self.method} rounds",
-            unit="round",
-            disable=not self.progress or start >= self.rounds,
-        )
-        with bar:
+        with FitProgress(self, start, self.progress) as progress:
             for index in range(start, self.rounds):
                 if index and self._stops_before():
                     break
-                posterior = self._round(index, posterior, bar)
-                bar.update(1)
+                posterior = self._round(index, posterior, progress)
         return posterior
 
     def _stops_before(self) -> bool:
@@ -481,6 +480,22 @@ class SequentialEstimator(abc.ABC):
                 return "stable"
         return None
 
+    def planned_rounds(self, round_index: int, train_rows: int) -> list[tuple[int, int | None]]:
+        """The rounds after the one at ``round_index`` (0-based, training on ``train_rows`` rows) that ``rounds`` and
+        ``budget.simulations`` leave, each with its planned steps (``None``: open-ended), as they would run
+        without a stop rule: ``[(round index, steps), ...]`` (the fit's time estimate)."""
+        plan, n, rows = [], self.num_simulations, train_rows
+        for j in range(round_index + 1, self.rounds):
+            size = self.sims_per_round
+            if self.budget.simulations is not None:
+                size = min(size, int(self.budget.simulations) - n)
+            held_out = max(1, round(self.training.validation_fraction * size))
+            if size < 2 or held_out >= size:
+                break
+            n, rows = n + size, rows + size - held_out
+            plan.append((j, planned_steps(self.training, rows)[1]))
+        return plan
+
     def _round_size(self) -> int | None:
         """The simulations the next round draws: ``sims_per_round``, cut to what ``budget.simulations`` leaves;
         ``None`` when that is too few for a round (one training and one validation simulation)."""
@@ -507,7 +522,7 @@ class SequentialEstimator(abc.ABC):
         spread = torch.log(after[1].clamp_min(1e-300) / sd).abs().max()
         return float(torch.maximum(shift, spread))
 
-    def _round(self, index: int, posterior: Posterior | None, bar: tqdm) -> Posterior:
+    def _round(self, index: int, posterior: Posterior | None, progress: FitProgress) -> Posterior:
         """Simulate and train the round at ``index`` (0-based: its number is ``index + 1``) from the previous
         round's ``posterior``; returns the new one. A round either finishes (its simulations and weights kept,
         the checkpoint written) or leaves the estimator as it found it: after an exception or Ctrl-C,
@@ -515,28 +530,25 @@ class SequentialEstimator(abc.ABC):
         and the same result), never storing any twice."""
         began, rows, pending = time.perf_counter(), self.num_simulations, self.pending
         weights = None if self.flow is None else copy.deepcopy(self.flow.state_dict())
+        progress.begin_round(index)
         try:
             self._simulate(index, posterior)
             self._check_y_obs()
             if self.flow is None:
                 self.flow = self._build_flow()
-            bar.set_postfix_str(f"{self.num_simulations} simulations, training")
-
-            def on_epoch(epoch: int, train_loss: float, val_loss: float) -> None:
-                bar.set_postfix_str(
-                    f"{self.num_simulations} simulations, epoch {epoch}, "
-                    f"loss {train_loss:.3f} (validation {val_loss:.3f})"
-                )
-
+            train = self._dataset(False)
+            if self.progress:
+                progress.probe(train)
+            progress.begin_training(train[0].shape[0])
             fit = fit_flow(
                 self.flow,
                 self.loss(index),
-                self._dataset(False),
+                train,
                 self._dataset(True),
                 self.training,
                 derive_seed(self.seed, index, "fit"),
                 f"{self.method} round {index + 1}",
-                on_epoch,
+                progress.epoch,
             )
             posterior = self.posterior(index)
             stability = None if self.stop_when_stable is None else self.stability_summary(posterior)
@@ -554,6 +566,7 @@ class SequentialEstimator(abc.ABC):
             "seconds": time.perf_counter() - began,
             **fit,
         }
+        progress.end_round(entry)
         if stability is not None:
             if self._stable_reference is not None:
                 entry["change"] = self.stability_change(self._stable_reference, stability)

@@ -111,9 +111,16 @@ class SPPE(SequentialEstimator):
             self.task, posterior, n, self.truncate, self.truncation_draws, self.max_prior_draws, seed
         )
 
+    def atoms_of(self, round_index: int) -> int:
+        """The contrasting parameters per pair of the round at ``round_index``: 1 where it draws from the prior
+        (the first round, ``truncate``, ``amortized``), else ``atoms``."""
+        return 1 if round_index == 0 or self.truncate is not None or self.amortized else self.atoms
+
+    def step_work(self, round_index: int) -> float:
+        return super().step_work(round_index) * self.atoms_of(round_index)
+
     def loss(self, round_index: int) -> Loss:
-        prior_proposal = round_index == 0 or self.truncate is not None or self.amortized
-        atoms = 1 if prior_proposal else self.atoms
+        atoms = self.atoms_of(round_index)
         mechanism, m, qmc = self.task.mechanism, self.inner_samples, self.qmc
 
         def compute(flow, batch, draws):

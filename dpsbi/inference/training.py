@@ -11,8 +11,11 @@ part (:attr:`Loss.compute`) traces whole with ``torch.compile(fullgraph=True)``.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
@@ -155,6 +158,14 @@ def epoch_budget(settings: TrainingSettings, batches_per_epoch: int) -> int | No
     if settings.max_steps is not None:
         limits.append(math.ceil(settings.max_steps / batches_per_epoch))
     return min(limits) if limits else None
+
+
+def planned_steps(settings: TrainingSettings, rows: int) -> tuple[int, int | None]:
+    """A round's gradient steps on ``rows`` training rows: ``(per_epoch, steps)``, ``steps`` the most the round
+    takes (:func:`epoch_budget` whole epochs; ``None``: open-ended). Early stopping can end it sooner."""
+    per_epoch = max(rows // settings.batch_size, 1)
+    epochs = epoch_budget(settings, per_epoch)
+    return per_epoch, None if epochs is None else epochs * per_epoch
 
 
 def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
@@ -312,12 +323,10 @@ def fit_flow(
     epoch and the step. Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the
     last epoch's mean)."""
     device = training_device(settings)
-    double = PRECISIONS.get(str(settings.precision)) == torch.float64
-    flow.to(device=device, dtype=torch.float64 if double else None).train()
-    train, val = (tuple(_on(t, device, double) for t in part) for part in (train, val))
-    per_epoch = max(train[0].shape[0] // settings.batch_size, 1)
-    epochs = epoch_budget(settings, per_epoch)
-    state = _Round(flow, loss, settings, seed, None if epochs is None else epochs * per_epoch)
+    train, val = _on_device(flow, (train, val), settings, device)
+    per_epoch, steps = planned_steps(settings, train[0].shape[0])
+    epochs = None if steps is None else steps // per_epoch
+    state = _Round(flow, loss, settings, seed, steps)
     best_loss, best_state, waited, epoch, train_loss = math.inf, None, 0, 0, math.nan
     with _threads(settings, device), _deterministic(device):
         while epochs is None or epoch < epochs:
@@ -342,6 +351,51 @@ def fit_flow(
     flow.load_state_dict(best_state)
     flow.eval()
     return {"epochs": epoch, "steps": epoch * per_epoch, "train_loss": train_loss, "best_val_loss": best_loss}
+
+
+def step_seconds(
+    flow: nn.Module,
+    loss: Loss,
+    train: tuple[Tensor, ...],
+    settings: TrainingSettings,
+    seed: int,
+    repeats: int = 3,
+) -> float:
+    """The wall seconds of one training step of ``loss`` (optimizer included, uncompiled) on a batch of ``train``,
+    measured on a copy of ``flow`` (the mean of ``repeats`` steps after one warm-up step) with generators of its
+    own: the fit's flow and random streams are left as they were. The fit's progress estimate
+    (:mod:`~dpsbi.inference.progress`) times the steps of rounds that have not run yet with it."""
+    device = training_device(settings)
+    probe = copy.deepcopy(flow)
+    (train,) = _on_device(probe, (train,), settings, device)
+    rows = next(batches(torch.arange(train[0].shape[0], device=device), settings.batch_size))
+    state = _Round(probe, loss, dataclasses.replace(settings, compile=False), seed, repeats + 1)
+    with _threads(settings, device):
+        state.step(train, rows)
+        _synchronize(device)
+        began = time.perf_counter()
+        for _ in range(repeats):
+            state.step(train, rows)
+        _synchronize(device)
+        return (time.perf_counter() - began) / repeats
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a timer around GPU steps would otherwise time their launches)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _on_device(
+    flow: nn.Module, parts: tuple[tuple[Tensor, ...], ...], settings: TrainingSettings, device: torch.device
+) -> tuple[tuple[Tensor, ...], ...]:
+    """``flow`` moved to ``device`` (in float64 under ``"64-true"``) in training mode, and each tuple of tensors
+    of ``parts`` with it."""
+    double = PRECISIONS.get(str(settings.precision)) == torch.float64
+    flow.to(device=device, dtype=torch.float64 if double else None).train()
+    return tuple(tuple(_on(t, device, double) for t in part) for part in parts)
 
 
 def _on(t: Tensor, device: torch.device, double: bool) -> Tensor:
