@@ -8,7 +8,9 @@ Every round appends a JSON line to ``--out``: method, release, round (from 1; li
 counted rounds from 0 start at 0), simulations, ``fit_seconds`` (the
 estimator's own round times, summed: simulation, proposals, training), ``sample_seconds`` (drawing the
 ``--draws`` posterior draws scored; SPLE's are MCMC), ``seconds`` (their sum: the time to have those draws had
-the fit stopped there) and ``c2st``; a last line per fit gives the whole fit's wall time (scoring excluded).
+the fit stopped there), ``cpu_seconds`` (the same in the process's CPU time), ``c2st`` and ``sd_ratio`` (posterior
+sd over the exact one's, per parameter; rows written before these two were added lack them); a last line per
+fit gives the whole fit's wall time (scoring excluded).
 The one-minute load average is recorded too: on a shared machine the timings are upper bounds.
 
     .venv/bin/python scripts/real_release_check.py                     # the page's release, SPLE then SPPE
@@ -60,11 +62,13 @@ def fit(
 
     rows: list[dict] = []
     scoring = [0.0]
+    cpu_scoring = [0.0]
 
     def score(round_number: int, posterior, num_simulations: int) -> None:
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         theta = posterior.sample((draws,), seed=1)
         sampled = time.perf_counter() - began
+        cpu_fit = time.process_time() - cpu_start - cpu_scoring[0]  # this round's draws included
         row = {
             **common,
             "method": method.method,
@@ -74,6 +78,8 @@ def fit(
             "fit_seconds": round(sum(entry["seconds"] for entry in estimator.history), 1),
             "sample_seconds": round(sampled, 1),
             "c2st": round(dpsbi.metrics.c2st(theta, exact), 4),
+            "sd_ratio": [round(r, 3) for r in dpsbi.metrics.spread_ratios(theta, exact)["sd_ratio"]],
+            "cpu_seconds": round(cpu_fit, 1),
             "load_1min": round(os.getloadavg()[0], 2),
         }
         row["seconds"] = round(row["fit_seconds"] + row["sample_seconds"], 1)
@@ -81,13 +87,15 @@ def fit(
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(
-            f"{method.method} round {round_number}: {num_simulations} simulations, {row['seconds']} s, C2ST {row['c2st']}",
+            f"{method.method} round {round_number}: {num_simulations} simulations, {row['seconds']} s "
+            f"({row['cpu_seconds']} CPU s), C2ST {row['c2st']}, sd ratio {row['sd_ratio']}",
             flush=True,
         )
         scoring[0] += time.perf_counter() - began  # not part of the fit
+        cpu_scoring[0] += time.process_time() - cpu_began
 
     estimator = method(task, progress=False, on_round_end=score, **overrides)
-    began = time.perf_counter()
+    began, cpu_start = time.perf_counter(), time.process_time()
     estimator.run()
     wall = time.perf_counter() - began - scoring[0]
     last = {
@@ -100,8 +108,13 @@ def fit(
         "fit_wall_seconds": round(wall, 1),
         "final_seconds": rows[-1]["seconds"],
         "final_c2st": rows[-1]["c2st"],
+        "final_sd_ratio": rows[-1]["sd_ratio"],
+        "final_cpu_seconds": rows[-1]["cpu_seconds"],
         "best_c2st": min(row["c2st"] for row in rows),
         "first_round_at_or_below_0.55": next((row["round"] for row in rows if row["c2st"] <= 0.55), None),
+        "cpu_seconds_at_or_below_0.55": next(
+            (row["cpu_seconds"] for row in rows if row["c2st"] <= 0.55), None
+        ),
         "load_1min": round(os.getloadavg()[0], 2),
     }
     with out.open("a") as f:

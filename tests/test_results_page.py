@@ -106,6 +106,10 @@ TINY = {
     "scripts/real_release_check.py": Tiny(
         f"--draws 200 --overrides {FIT} --out real_release_check.jsonl", output="real_release_check.jsonl"
     ),
+    "scripts/composed_check.py": Tiny(
+        f"--draws 200 --reference-draws 2000 --overrides {FIT} --out composed_check.jsonl",
+        output="composed_check.jsonl",
+    ),
     "scripts/census_scale.py run": Tiny(
         f"--cells 10 --reference-draws 500 --draws 200 --overrides {FIT} "
         "--work census --out census_scale.jsonl",

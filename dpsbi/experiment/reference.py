@@ -232,7 +232,9 @@ def likelihood_importance(task: Task, draws: int, num_samples: int, seed: int = 
         proposal = defensive_proposal(task, theta_pilot, torch.softmax(log_w, 0).to(theta_pilot))
         theta = proposal.sample((draws,))
         z = space.inv(theta).double()
-        log_w = log_post(z) - proposal.log_prob(theta).double()
+        # both densities in z: the proposal's mixture itself (its log_prob at theta would divide by the Jacobian
+        # that log_post already multiplies by, counting it twice where the transform is not the identity)
+        log_w = log_post(z) - proposal.base_dist.log_prob(z.to(theta.dtype)).double()
     weights = torch.softmax(log_w, 0)
     ess = float(1 / (weights**2).sum())
     if num_samples * float(weights.max()) <= 1:  # systematic resampling: each point at most once
