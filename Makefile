@@ -10,13 +10,14 @@ ARVIZ1 ?= .venv-arviz1
 ARVIZ1_TESTS ?= tests/test_arviz.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
 # The lowest versions pyproject.toml allows, every package pinned in .ci/lowest.txt (.ci/lock_lowest.py),
 # and the tests that touch the version-sensitive APIs: sbi's diagnostics, metrics and samplers, ArviZ, Hydra
-# (dpsbi-run), OpenDP, numba's simulator, filelock and the numpy/torch conversions. The main environment holds
-# the newest versions (pip's fresh resolution), where the whole suite runs.
+# (dpsbi-run), OpenDP and dp-accounting, numba's simulator, filelock and the numpy/torch conversions (not
+# docs/REAL_RELEASES.md's OpenDP page: 5 minutes). The main environment holds the newest versions (pip's fresh
+# resolution), where the whole suite runs.
 LOWEST ?= .venv-lowest
 LOWEST_TESTS ?= tests/test_sbi_diagnostics.py tests/test_arviz.py tests/test_experiments.py \
-	tests/test_opendp.py tests/test_composition.py tests/test_metrics.py tests/test_sample_cli.py \
-	tests/test_inference_posterior.py tests/test_mcmc.py tests/test_sir_simulator.py tests/test_mechanisms.py \
-	tests/test_files.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
+	tests/test_opendp.py tests/test_composition.py tests/test_discrete_mechanisms.py tests/test_metrics.py \
+	tests/test_sample_cli.py tests/test_inference_posterior.py tests/test_mcmc.py tests/test_sir_simulator.py \
+	tests/test_mechanisms.py tests/test_files.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
 # A fresh environment holding the built wheel (make wheel-check).
 WHEEL_VENV ?= .venv-wheel
 
