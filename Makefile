@@ -8,10 +8,20 @@ TORCH ?= torch==2.13.0
 # ArviZ 1.x (pinned in .ci/arviz1.txt) beside the main environment's ArviZ 0.x, and the tests that touch it.
 ARVIZ1 ?= .venv-arviz1
 ARVIZ1_TESTS ?= tests/test_arviz.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
+# The lowest versions pyproject.toml allows, every package pinned in .ci/lowest.txt (.ci/lock_lowest.py),
+# and the tests that touch the version-sensitive APIs: sbi's diagnostics, metrics and samplers, ArviZ, Hydra
+# (dpsbi-run), OpenDP and dp-accounting, numba's simulator, filelock and the numpy/torch conversions (not
+# docs/REAL_RELEASES.md's OpenDP page: 5 minutes). The main environment holds the newest versions (pip's fresh
+# resolution), where the whole suite runs.
+LOWEST ?= .venv-lowest
+LOWEST_TESTS ?= tests/test_sbi_diagnostics.py tests/test_arviz.py tests/test_experiments.py \
+	tests/test_opendp.py tests/test_composition.py tests/test_discrete_mechanisms.py tests/test_metrics.py \
+	tests/test_sample_cli.py tests/test_inference_posterior.py tests/test_mcmc.py tests/test_sir_simulator.py \
+	tests/test_mechanisms.py tests/test_files.py tests/test_da_mcmc.py::test_rhat_flags_chains_that_disagree
 # A fresh environment holding the built wheel (make wheel-check).
 WHEEL_VENV ?= .venv-wheel
 
-.PHONY: setup run lint test test-arviz1 wheel-check docs bench clean
+.PHONY: setup run lint test test-lowest test-arviz1 wheel-check docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,13 +41,29 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one. Then the
-# ArviZ-touching tests again under ArviZ 1.x, the documentation site, and the built wheel as a user installs it.
+# One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one. The main
+# environment is the newest versions pyproject.toml allows (pip's choice on a fresh `make setup`); then the
+# version-sensitive tests again at the lowest versions and under ArviZ 1.x, the documentation site, and the
+# built wheel as a user installs it.
 test: lint
 	$(PY) -m pytest -q -n auto
+	$(MAKE) test-lowest
 	$(MAKE) test-arviz1
 	$(MAKE) docs
 	$(MAKE) wheel-check
+
+# torch as in setup, and every other package at its pinned version, all with --no-deps (.ci/lowest.txt holds
+# the whole resolution: pip resolves nothing); dpsbi itself editable; `pip check` that the set is consistent.
+$(LOWEST)/.installed: .ci/lowest.txt pyproject.toml
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q --no-deps "$(TORCH)" -r .ci/lowest.txt
+	$(LOWEST)/bin/python -m pip install -q --no-deps -e .
+	$(LOWEST)/bin/python -m pip check
+	touch $@
+
+test-lowest: $(LOWEST)/.installed
+	$(LOWEST)/bin/python -m pytest -q -n auto $(LOWEST_TESTS)
 
 # ArviZ 1.x needs Python >= 3.12 (pip's choice there) but runs on this one: installed without its
 # dependencies into $(ARVIZ1), first on PYTHONPATH, so that it shadows the main environment's ArviZ 0.x.
@@ -74,4 +100,4 @@ wheel-check: setup
 	env -u PYTHONPATH $(abspath $(WHEEL_VENV))/bin/python $(abspath .ci/wheel_check.py)
 
 clean:
-	rm -rf $(VENV) $(ARVIZ1) $(WHEEL_VENV) dist site outputs multirun
+	rm -rf $(VENV) $(LOWEST) $(ARVIZ1) $(WHEEL_VENV) dist site outputs multirun

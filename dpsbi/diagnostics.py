@@ -15,7 +15,7 @@ variable ``release`` of dim ``release_dim``, the layout ``arviz.plot_ppc`` (1.x:
 and record the method, the task, epsilon, the release and the settings as attributes of every group (plain
 numbers, strings and lists, with the settings as a JSON string, so that ``to_netcdf`` can write them).
 
-Both ArviZ majors, through one code path: ArviZ 0.x (Python 3.10-3.11, and on any Python with
+Both ArviZ majors, through one code path: ArviZ 0.x (Python 3.11, and on any Python with
 ``arviz<1``) gets an ``arviz.InferenceData``, ArviZ 1.x (which pip installs on Python >= 3.12) an xarray
 ``DataTree``, with the same groups, variables, dims, coordinates and dpsbi attributes; only the call of
 ``from_dict`` differs (:func:`arviz_major`, read once from ``arviz.__version__``). Either is written by

@@ -106,6 +106,8 @@ def test_draws_reproduce_each_blocks_distribution():
 
 dp = pytest.importorskip("opendp.prelude")
 dp.enable_features("contrib")
+# OpenDP 0.13 names it make_basic_composition (from_opendp reads either name)
+compose = getattr(dp.c, "make_composition", None) or dp.c.make_basic_composition
 FLOATS = (dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float))
 
 
@@ -114,7 +116,7 @@ def test_pure_blocks_add_their_epsilons_as_opendp_composes_them():
     comp = Composition([dpsbi.mechanisms.from_opendp(m, 1.0) for m in parts])
     total = comp.privacy()
     assert total.delta == 0 and total.rho is None and "basic" in total.rule
-    assert comp.epsilon == total.epsilon == pytest.approx(dp.c.make_composition(parts).map(1.0), rel=1e-12)
+    assert comp.epsilon == total.epsilon == pytest.approx(compose(parts).map(1.0), rel=1e-12)
 
 
 def test_zcdp_blocks_add_their_rho_and_convert_as_opendp_does():
@@ -122,7 +124,7 @@ def test_zcdp_blocks_add_their_rho_and_convert_as_opendp_does():
     converts at delta = 2e-6 (make_zCDP_to_approxDP); with one Gaussian, the basic composition is tighter."""
     laplace = dp.m.make_laplace(*FLOATS, scale=20.0)
     gaussian = dp.m.make_gaussian(*FLOATS, scale=3.0)
-    composed = dp.c.make_composition([dp.c.make_pureDP_to_zCDP(laplace), gaussian, gaussian])
+    composed = compose([dp.c.make_pureDP_to_zCDP(laplace), gaussian, gaussian])
     blocks = [Laplace.from_scale(20.0, 1.0), Gaussian.from_sigma(3.0, 1.0, delta=1e-6)]
     comp = Composition(blocks + blocks[1:])
     total = comp.privacy()

@@ -11,6 +11,8 @@ from dpsbi.mechanisms import DiscreteGaussian, DiscreteLaplace, Gaussian, Laplac
 
 dp = pytest.importorskip("opendp.prelude")
 dp.enable_features("contrib")
+# OpenDP 0.13 names it make_basic_composition (from_opendp reads either name)
+compose = getattr(dp.c, "make_composition", None) or dp.c.make_basic_composition
 
 
 def one_line(error) -> bool:
@@ -141,17 +143,15 @@ def test_a_composition_becomes_a_composition_of_its_parts():
     floats = (dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float))
     laplace = dp.m.make_laplace(*floats, scale=2.0)
     parts = [dp.c.make_pureDP_to_zCDP(laplace), dp.m.make_gaussian(*floats, scale=3.0)]
-    composed = dp.c.make_composition(parts)
+    composed = compose(parts)
     mech = from_opendp(composed, sensitivity=1.0, delta=1e-6)
     assert [type(b) for b in mech.blocks] == [Laplace, Gaussian] and mech.dim == 2
     assert mech.blocks[0].scale == pytest.approx(2.0) and mech.blocks[1].sigma == pytest.approx(3.0)
     assert mech.rho == pytest.approx(composed.map(1.0), rel=1e-12) and mech.delta == pytest.approx(1e-6)
-    pure = dp.c.make_composition([laplace, dp.m.make_laplace(*floats, scale=0.5)])
+    pure = compose([laplace, dp.m.make_laplace(*floats, scale=0.5)])
     assert from_opendp(pure, 1.0).epsilon == pytest.approx(pure.map(1.0), rel=1e-12)
     vectors = dp.vector_domain(dp.atom_domain(T=int)), dp.l2_distance(T=int)
-    counts = dp.c.make_composition(
-        [dp.m.make_gaussian(*vectors, scale=2.0), dp.m.make_gaussian(*vectors, scale=4.0)]
-    )
+    counts = compose([dp.m.make_gaussian(*vectors, scale=2.0), dp.m.make_gaussian(*vectors, scale=4.0)])
     mech = from_opendp(counts, sensitivity=1, dim=[3, 2])
     assert [b.dim for b in mech.blocks] == [3, 2] and all(
         isinstance(b, DiscreteGaussian) for b in mech.blocks
@@ -162,7 +162,7 @@ def test_a_composition_becomes_a_composition_of_its_parts():
 def test_an_unsupported_part_of_a_composition_is_named():
     floats = (dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float))
     chained = dp.t.make_sum(dp.vector_domain(dp.atom_domain(bounds=(0.0, 1.0))), dp.symmetric_distance())
-    composed = dp.c.make_composition([chained >> dp.m.then_laplace(1.0), chained >> dp.m.then_laplace(2.0)])
+    composed = compose([chained >> dp.m.then_laplace(1.0), chained >> dp.m.then_laplace(2.0)])
     with pytest.raises(
         ValueError, match="^from_opendp: part 0 of the composition: from_opendp supports"
     ) as error:
@@ -170,4 +170,4 @@ def test_an_unsupported_part_of_a_composition_is_named():
     assert one_line(error)
     laplace = dp.m.make_laplace(*floats, scale=2.0)
     with pytest.raises(ValueError, match="dim lists 3 block sizes for a composition of 2 parts"):
-        from_opendp(dp.c.make_composition([laplace, laplace]), 1.0, dim=[1, 1, 1])
+        from_opendp(compose([laplace, laplace]), 1.0, dim=[1, 1, 1])

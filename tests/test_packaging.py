@@ -4,10 +4,9 @@ builds and installs the wheel itself."""
 
 import importlib
 import re
+import tomllib
 import types
 from pathlib import Path
-
-import tomllib
 
 import dpsbi
 from dpsbi.experiment import config_dir
@@ -70,3 +69,25 @@ def test_the_api_reference_renders_every_public_module():
             if (folder / f"{n}.py").is_file() and not isinstance(getattr(module, n), types.ModuleType)
         ]
         assert all(f"{name}.{n}.{n}" in directives for n in shadowed), f"{name}: {shadowed}"
+
+
+def test_the_lowest_environment_pins_every_lower_bound():
+    """``make test-lowest`` tests the lower bounds of ``pyproject.toml``: ``.ci/lowest.txt`` pins each
+    ``name>=X`` of the dependencies and the test extra at exactly X (torch: the Makefile's ``TORCH``). A bound
+    changed without rerunning ``.ci/lock_lowest.py`` fails here."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (ROOT / ".ci" / "lowest.txt").read_text(), re.M))
+    pins["torch"] = re.search(r"^TORCH \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
+
+    def release(version: str) -> tuple[int, ...]:
+        parts = tuple(int(p) for p in version.split("+")[0].split("."))
+        return parts + (0,) * (3 - len(parts))
+
+    floors = [
+        re.match(r"^([A-Za-z0-9_.-]+)>=([0-9.]+)", r)
+        for r in project["dependencies"] + project["optional-dependencies"]["test"]
+    ]
+    floors = [m for m in floors if m]
+    assert {m[1] for m in floors} >= {"torch", "numpy", "sbi", "arviz", "hydra-core", "opendp"}
+    for m in floors:
+        assert m[1] in pins and release(pins[m[1]]) == release(m[2]), (m[1], m[2], pins.get(m[1]))
