@@ -89,19 +89,24 @@ def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 def table(rows: list[dict]) -> str:
     """Markdown table: per task, epsilon and method, seeds, C2ST and MMD (mean ± sd), CPU and wall seconds
-    (mean), simulations, and how many seeds reached C2ST <= 0.55 (and at how many CPU seconds, mean)."""
+    (mean), simulations, and how many seeds reached C2ST <= 0.55 (and at how many CPU seconds, mean); where the
+    runs recorded it, the posterior sd over the reference's (``sd_ratio``, the mean over parameters; mean ± sd)."""
+    ratios = any("sd_ratio" in r for r in rows)
     lines = [
-        "| task | epsilon | method | seeds | C2ST | MMD | CPU s | wall s | simulations | at C2ST <= 0.55 (CPU s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| task | epsilon | method | seeds | C2ST | MMD | CPU s | wall s | simulations | at C2ST <= 0.55 (CPU s) |"
+        + (" sd ratio |" if ratios else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if ratios else ""),
     ]
     for (task, epsilon, method), group in groups(rows).items():
         reached = [r["cpu_at_bar"] for r in group if r["cpu_at_bar"] is not None]
         at_bar = f"{len(reached)} of {len(group)}" + (f" ({statistics.mean(reached):.0f})" if reached else "")
+        recorded = [r["sd_ratio"] for r in group if "sd_ratio" in r]
         lines.append(
             f"| {task} | {epsilon:g} | {method} | {', '.join(str(r['seed']) for r in group)} | "
             f"{spread([r['c2st'] for r in group], '.3f')} | {spread([r['mmd'] for r in group], '.2g')} | "
             f"{statistics.mean(r['cpu_time'] for r in group):.0f} | {statistics.mean(r['wall_time'] for r in group):.0f} | "
             f"{group[0]['num_simulations']} | {at_bar} |"
+            + ((f" {spread(recorded, '.2f')} |" if recorded else " - |") if ratios else "")
         )
     return "\n".join(lines)
 

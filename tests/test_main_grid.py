@@ -38,6 +38,14 @@ def test_table_gives_mean_and_sd_over_seeds_and_how_many_reached_the_bar(tmp_pat
     assert [c.strip() for c in sppe[2:5]] == ["sppe", "0, 1, 2", "0.540 ± 0.040"]
     assert [c.strip() for c in sppe[6:]] == ["200", "400", "10000", "2 of 3 (150)"]
     assert [c.strip() for c in sple[3:5]] == ["0", "0.520"] and sple[-1].strip() == "1 of 1 (50)"
+    assert "sd ratio" not in lines[0]  # runs from before sd_ratio was recorded: no column
+    rows[1:3] = [{**rows[1], "sd_ratio": 1.3}, {**rows[2], "sd_ratio": 1.1}]
+    ratios = main_grid.table(rows).splitlines()
+    assert (
+        ratios[0].endswith(" sd ratio |")
+        and ratios[2].endswith(" | 1.20 ± 0.14 |")
+        and ratios[3].endswith(" - |")
+    )
     main_grid.plot(rows, tmp_path / "grid.png")
     assert (tmp_path / "grid.png").stat().st_size > 1000
 
