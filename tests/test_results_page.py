@@ -106,6 +106,7 @@ TINY = {
     "scripts/real_release_check.py": Tiny(
         f"--draws 200 --overrides {FIT} --out real_release_check.jsonl", output="real_release_check.jsonl"
     ),
+    "scripts/fit_eta.py": Tiny("--rounds 2 --steps 5 --out fit_eta.jsonl", output="fit_eta.jsonl"),
     "scripts/composed_check.py": Tiny(
         f"--draws 200 --reference-draws 2000 --overrides {FIT} --out composed_check.jsonl",
         output="composed_check.jsonl",
