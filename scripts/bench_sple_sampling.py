@@ -102,13 +102,14 @@ def diagnostics(posterior: LikelihoodPosterior, n: int, seed: int) -> dict:
     return info
 
 
-def batched(posterior: LikelihoodPosterior, releases: int, samples: int, device: str) -> None:
+def batched(posterior: LikelihoodPosterior, releases: int, samples: int, device: str, quick: bool) -> None:
     """Print the wall seconds and sequential density calls of ``sample_batched`` at ``releases`` prior-predictive
-    releases against one ``sample`` per release (module docstring)."""
+    releases against one ``sample`` per release (module docstring), with the posterior's MCMC settings (their
+    warm-up cut under ``quick``)."""
     generator = torch.Generator().manual_seed(0)
     task = posterior.task
     y = task.simulate_release(task.prior.sample((releases,)), generator=generator).to(device)
-    post = posterior.to(device)
+    post = with_config(posterior, settled(posterior.mcmc, quick)).to(device)
     counting = Counting(post)
     timings = {}
     for name, run in (
@@ -150,7 +151,7 @@ def main() -> None:
 
     posterior = trained_posterior(args.posterior, args.retrain, args.quick)
     if args.releases:
-        return batched(posterior, args.releases, args.samples, args.device)
+        return batched(posterior, args.releases, args.samples, args.device, args.quick)
     reference_path = args.posterior.with_suffix(".reference.pt")
     if reference_path.exists() and not args.retrain:
         reference = torch.load(reference_path)
