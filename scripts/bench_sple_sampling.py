@@ -126,7 +126,9 @@ def batched(posterior: LikelihoodPosterior, releases: int, samples: int, device:
             torch.cuda.synchronize()
         scale = 1 if name.startswith("sample_batched") else releases / min(releases, LOOPED)
         timings[name] = ((time.perf_counter() - start) * scale, round((counting.calls - calls) * scale))
-    print(f"\n{samples} draws at each of {releases} releases on {device}, {posterior.task.name}")
+    print(
+        f"\n{samples} draws at each of {releases} releases on {device}, {posterior.task.name}, {post.mcmc.method}"
+    )
     for name, (seconds, calls) in timings.items():
         print(f"{name:28s} {seconds:8.2f} s {calls:7d} calls")
 

@@ -193,8 +193,10 @@ def test_draws_that_are_not_finite_are_never_returned(task, monkeypatch):
     )
     monkeypatch.setattr(
         posterior_module,
-        "slice_sample",
-        lambda *args, **kwargs: torch.tensor([[0.0, 0.0], [math.inf, 0.0], [0.0, 1.0]]),
+        "slice_sample_groups",
+        lambda *args, **kwargs: torch.tensor(
+            [[[0.0, 0.0]], [[math.inf, 0.0]], [[0.0, 1.0]]]
+        ),  # (n, 1 release, d)
     )
     with pytest.raises(
         RuntimeError, match="SPPE posterior of task 'conjugate_gaussian': 1 of 3 draws are NaN/inf"
