@@ -314,13 +314,13 @@ def _gess_update(counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generat
         if n == 0:
             break
         k = min(MAX_ANGLES, max(1, -(-MIN_ROWS // n)))
-        lo_a, hi_a = lo[active], hi[active]
+        lo_a, hi_a, group_a = lo[active], hi[active], group[active]
         angles = lo_a[:, None] + (hi_a - lo_a)[:, None] * uniform(n, k)
         if round_index == 0:
             angles[:, 0] = angle  # the first proposal: the bracket's end (the same point as its start)
         w = a[active, None, :] * angles.cos()[..., None] + b[active, None, :] * angles.sin()[..., None]
-        proposals = fit.colour(w, group[active])  # (n, k, d)
-        logp_prop = counter(proposals, group[active])
+        proposals = fit.colour(w, group_a)  # (n, k, d)
+        logp_prop = counter(proposals, group_a)
         ratio = logp_prop - _log_t(w.square().sum(-1), dim)
         level_a = level[active]
         done = torch.zeros(n, dtype=torch.bool, device=device)
