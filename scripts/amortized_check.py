@@ -107,7 +107,7 @@ def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
     task = load(arguments, (low * high) ** 0.5)
     saved = None if args.posteriors is None else args.posteriors / f"{name}.pt"
-    fit = {"task": name}
+    fit = {"task": name, "seed": args.seed, "rounds": args.rounds, "overrides": args.overrides}
     if (
         saved is not None and saved.is_file()
     ):  # scoring again a fit made before (its times are in the older rows)

@@ -4,14 +4,20 @@ release, refusing one outside the trained range. Accuracy against the exact post
 and Poisson-counts tasks at several (release, epsilon) pairs."""
 
 import copy
+import dataclasses
 import math
 import warnings
 
 import pytest
 import torch
 
+from sbi.utils.sbiutils import standardizing_net
+
 import dpsbi
+from dpsbi.inference import posterior_file
+from dpsbi.inference.epsilon_scaling import EpsilonStandardize
 from dpsbi.inference.estimator import SequentialEstimator
+from dpsbi.inference.flows import ConditionalFlow
 from dpsbi.mechanisms import (
     BinomialCurve,
     DiscreteGaussian,
@@ -250,6 +256,47 @@ def test_posterior_files_record_the_range_and_refuse_outside_it(gaussian_posteri
     outside.task.mechanism = outside.task.mechanism.with_epsilon(8.0)  # as if the task were at epsilon 8
     with pytest.raises(ValueError, match="pass epsilon="):
         outside.sample((5,), y=y)
+
+
+def test_releases_are_z_scored_at_their_own_epsilon():
+    """Releases whose spread shrinks a hundredfold over the range reach the flow on one scale at every epsilon
+    (one z-scoring over all of them leaves the least noisy 50x narrower), and the map is affine in the release."""
+    log_eps = torch.linspace(math.log(0.1), math.log(10.0), 4000)
+    release = 3.0 + torch.randn(4000, 2, generator=torch.Generator().manual_seed(0)) / log_eps.exp().unsqueeze(-1)
+    context = torch.cat([release, log_eps.unsqueeze(-1)], -1)
+    per_epsilon, overall = EpsilonStandardize(context), standardizing_net(context)
+    for ends in (slice(0, 300), slice(-300, None)):
+        assert ((per_epsilon(context[ends])[:, :2].std(0) - 1).abs() < 0.25).all()
+    assert (overall(context[-300:])[:, :2].std(0) < 0.05).all()
+    one = context[:1].expand(3, -1).clone()
+    one[:, 0] = torch.tensor([0.0, 1.0, 2.0])
+    steps = per_epsilon(one)[:, 0].diff()
+    torch.testing.assert_close(steps[0], steps[1])  # affine in the release at a fixed epsilon
+    assert per_epsilon(context.double()).dtype == torch.float64  # wide releases keep their precision
+
+
+def test_older_files_and_global_scaling_load_as_they_were_trained(gaussian_posterior, tmp_path):
+    """A file written before ``release_scaling`` existed holds a globally z-scored flow: it loads as one."""
+    estimator, posterior = gaussian_posterior
+    assert posterior.flow.epsilon_context and isinstance(posterior.flow.embedding[0], EpsilonStandardize)
+    flow = ConditionalFlow(
+        dataclasses.replace(estimator.flow_settings, release_scaling="global"),
+        torch.randn(50, 2),
+        torch.randn(50, 3),
+        epsilon_context=True,
+    )
+    older = copy.copy(posterior)
+    older.flow = flow
+    meta = older.metadata()
+    del meta["flow"]["epsilon_context"], meta["flow"]["config"]["release_scaling"]
+    path = tmp_path / "older.pt"
+    posterior_file.write(path, meta, flow.state_dict())
+    loaded = dpsbi.load_posterior(path)
+    assert loaded.flow.config.release_scaling == "global" and not loaded.flow.epsilon_context
+    y = torch.tensor([0.8, -0.3])
+    torch.testing.assert_close(
+        loaded.sample((20,), y=y, epsilon=2.0, seed=0), older.sample((20,), y=y, epsilon=2.0, seed=0)
+    )
 
 
 def test_a_default_epsilon_serves_tools_that_pass_releases_only(gaussian_posterior, tmp_path):

@@ -146,6 +146,8 @@ class SequentialEstimator(abc.ABC):
     """
 
     method: ClassVar[str]
+    #: Whether the flow's context is the release (a posterior flow), else its input (a likelihood flow).
+    release_is_context: ClassVar[bool] = True
     #: Training settings in which this estimator's defaults differ from :class:`TrainingSettings`'; a ``training``
     #: dict is applied over them, a ``TrainingSettings`` instance replaces them.
     training_defaults: ClassVar[dict] = {}
@@ -692,7 +694,13 @@ class SequentialEstimator(abc.ABC):
             inputs, context = self.flow_data(
                 self.space.to_z(self.data["theta"]), self.data["s"], generator, self.data.get("epsilon")
             )
-            return ConditionalFlow(self.flow_settings, inputs, context)
+            return ConditionalFlow(self.flow_settings, inputs, context, self._epsilon_context)
+
+    @property
+    def _epsilon_context(self) -> bool:
+        """Whether the flow's context is a release with ``log epsilon`` appended (a posterior flow with
+        ``epsilon_range``): its release is then z-scored at its own epsilon (FlowSettings ``release_scaling``)."""
+        return self.release_is_context and self.epsilon_range is not None
 
     def _dataset(self, validation: bool) -> tuple[Tensor, ...]:
         """The training (or validation) rows' tensors (:meth:`tensors`, then each row's epsilon with
@@ -768,7 +776,7 @@ class SequentialEstimator(abc.ABC):
                 "use another checkpoint_dir",
             )
         self.data, self.history = payload["data"], history
-        self.flow = ConditionalFlow.blank(self.flow_settings, *payload["flow_shape"])
+        self.flow = ConditionalFlow.blank(self.flow_settings, *payload["flow_shape"], self._epsilon_context)
         self.flow.load_state_dict(payload["flow"])
         # where a finished round leaves it, so that the next round's proposal samples as in an uninterrupted run
         self.flow.to(training_device(self.training))

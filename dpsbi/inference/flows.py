@@ -14,11 +14,14 @@ from nflows.transforms import PointwiseAffineTransform
 from sbi.utils.sbiutils import Standardize, standardizing_net, z_standardization
 from torch import Tensor, nn
 
+from .epsilon_scaling import EpsilonStandardize
 from .settings import Settings
 from .spline_flow import SplineFlow
 
 #: The flows' implementations: ours without host synchronization (the default), and sbi's on nflows.
 BACKENDS = ("dpsbi", "nflows")
+#: How a release in the context of a flow conditioned on ``log epsilon`` is z-scored (FlowSettings ``release_scaling``).
+RELEASE_SCALINGS = ("per_epsilon", "global")
 
 
 def _mlp(context_dim: int) -> nn.Module:
@@ -65,7 +68,12 @@ class FlowSettings(Settings):
     ``backend``: ``"dpsbi"`` (the default; :mod:`dpsbi.inference.spline_flow`, the same architecture with zuko's
     spline and no host synchronization, so that a GPU step never waits) or ``"nflows"`` (sbi's ``build_nsf``,
     which waits for the device at every spline layer; what files and checkpoints written before ``backend``
-    existed hold, and :meth:`recorded` reads them so)."""
+    existed hold, and :meth:`recorded` reads them so).
+
+    ``release_scaling``, for a posterior flow conditioned on ``log epsilon`` (``epsilon_range``): ``"per_epsilon"``
+    (the default) z-scores each release by the training releases drawn at its epsilon
+    (:class:`~dpsbi.inference.epsilon_scaling.EpsilonStandardize`), ``"global"`` by all of them at once (what files
+    written before it existed hold). Other flows z-score their context globally whatever it says."""
 
     label: ClassVar[str] = "flow"
     transforms: int = 8
@@ -75,10 +83,13 @@ class FlowSettings(Settings):
     tail_bound: float = 5.0
     embedding: str | nn.Module | None = None
     backend: str = "dpsbi"
+    release_scaling: str = "per_epsilon"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown flow backend {self.backend!r}; one of {BACKENDS}")
+        if self.release_scaling not in RELEASE_SCALINGS:
+            raise ValueError(f"unknown flow release_scaling {self.release_scaling!r}; one of {RELEASE_SCALINGS}")
         for name in ("transforms", "hidden", "blocks", "bins"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"flow {name} must be a positive integer, got {getattr(self, name)}")
@@ -100,8 +111,9 @@ class FlowSettings(Settings):
 
     @classmethod
     def recorded(cls, record: dict) -> FlowSettings:
-        """The settings a file or checkpoint recorded; those written before ``backend`` existed used nflows."""
-        return cls.coerce({"backend": "nflows", **record})
+        """The settings a file or checkpoint recorded; those written before ``backend`` existed used nflows, and
+        before ``release_scaling`` existed global z-scoring."""
+        return cls.coerce({"backend": "nflows", "release_scaling": "global", **record})
 
     def to_dict(self) -> dict:
         """The settings as JSON values (an embedding module as its description, :func:`describe_embedding`)."""
@@ -123,29 +135,36 @@ class ConditionalFlow(nn.Module):
 
     Built from example batches ``inputs (n, dim)`` and ``context (n, context_dim)``, whose per-dimension means
     and standard deviations z-score ``x`` (a first affine layer, so densities stay those of ``x``) and ``c``
-    (before the embedding). Both statistics are buffers: they are part of the ``state_dict`` and come back
-    with it. ``config.backend`` picks the layers: ``"dpsbi"`` (:class:`~dpsbi.inference.spline_flow.SplineFlow`,
+    (before the embedding). ``epsilon_context``: the context is a release with ``log epsilon`` as its last
+    column, z-scored as ``config.release_scaling`` says. The statistics are buffers: they are part of the
+    ``state_dict`` and come back with it. ``config.backend`` picks the layers: ``"dpsbi"`` (:class:`~dpsbi.inference.spline_flow.SplineFlow`,
     no host synchronization) or ``"nflows"`` (sbi's ``build_nsf``, the flows of files written before).
     """
 
-    def __init__(self, config: FlowSettings, inputs: Tensor, context: Tensor) -> None:
+    def __init__(
+        self, config: FlowSettings, inputs: Tensor, context: Tensor, epsilon_context: bool = False
+    ) -> None:
         super().__init__()
         if inputs.ndim != 2 or context.ndim != 2 or len(inputs) != len(context) or len(inputs) < 2:
             raise ValueError(
                 f"flow needs example batches (n, dim) and (n, context_dim) with n >= 2, "
                 f"got {tuple(inputs.shape)} and {tuple(context.shape)}"
             )
-        self.config = config
+        self.config, self.epsilon_context = config, bool(epsilon_context)
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
         # built in torch's default dtype: wider examples (float64 counts) only set the z-scoring constants
         inputs, context = inputs.to(torch.get_default_dtype()), context.to(torch.get_default_dtype())
         try:
+            scaling = (
+                EpsilonStandardize(context)
+                if self.epsilon_context and config.release_scaling == "per_epsilon"
+                else standardizing_net(context, structured_dims=False)
+            )
             if config.backend == "nflows":
                 self.net = _nflows(config, inputs, context)
+                self.net._embedding_net[0] = scaling
             else:
-                embedding = nn.Sequential(
-                    standardizing_net(context, structured_dims=False), config.embedding_net(self.context_dim)
-                )
+                embedding = nn.Sequential(scaling, config.embedding_net(self.context_dim))
                 self.embedding = embedding
                 features = embedding(context[:2]).shape[-1]
                 mean, std = z_standardization(inputs, False)
@@ -160,10 +179,12 @@ class ConditionalFlow(nn.Module):
             ) from None
 
     @classmethod
-    def blank(cls, config: FlowSettings, dim: int, context_dim: int) -> ConditionalFlow:
+    def blank(
+        cls, config: FlowSettings, dim: int, context_dim: int, epsilon_context: bool = False
+    ) -> ConditionalFlow:
         """A flow of the right shape whose weights and z-scoring are to come from ``load_state_dict``."""
         inputs, context = torch.eye(2, dim), torch.eye(2, context_dim)
-        return cls(config, inputs, context)
+        return cls(config, inputs, context, epsilon_context)
 
     @property
     def context_net(self) -> nn.Module:
@@ -228,7 +249,7 @@ class ConditionalFlow(nn.Module):
 
 
 #: The z-scoring modules that come first: of nflows' inputs and of the context (sbi's ``Standardize``).
-_Z_SCORING = (PointwiseAffineTransform, Standardize)
+_Z_SCORING = (PointwiseAffineTransform, Standardize, EpsilonStandardize)
 
 
 def _z_scored(module: nn.Module, x: Tensor, dtype: torch.dtype, *args):

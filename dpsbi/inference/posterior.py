@@ -453,6 +453,7 @@ class Posterior(abc.ABC):
                 "config": self.flow.config.to_dict(),
                 "dim": self.flow.dim,
                 "context_dim": self.flow.context_dim,
+                "epsilon_context": self.flow.epsilon_context,
             },
             "options": self.options(),
             "training_releases": None if self.training_releases is None else self.training_releases.to_dict(),
@@ -722,7 +723,12 @@ def load_posterior(
     if meta["y_obs"] is not None:
         task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
     spec = meta["flow"]
-    flow = ConditionalFlow.blank(FlowSettings.recorded(spec["config"]), spec["dim"], spec["context_dim"])
+    flow = ConditionalFlow.blank(
+        FlowSettings.recorded(spec["config"]),
+        spec["dim"],
+        spec["context_dim"],
+        spec.get("epsilon_context", False),  # absent from files written before release_scaling existed
+    )
     try:
         flow.load_state_dict(state)
     except RuntimeError as error:

@@ -39,6 +39,7 @@ class SPLE(SequentialEstimator):
     """
 
     method = "SPLE"
+    release_is_context = False
     settings_groups = {**SequentialEstimator.settings_groups, "mcmc": MCMCSettings}
 
     def __init__(
