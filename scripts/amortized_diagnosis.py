@@ -1,21 +1,26 @@
 """Why an epsilon-amortized posterior falls short at the narrow end: one variant of the fit per line, scored at
 the task's stored releases against its reference posterior.
 
-Each ``--variant LABEL=JSON`` is ``SPPE(task, amortized=True, epsilon_range=RANGE, **JSON)`` (``"epsilon_range":
-null`` trains at one epsilon only, the first of ``--epsilons``: the control without a range), fitted with one
-torch thread at ``--seed``, then scored at each of ``--epsilons`` (the task's stored releases) by C2ST between
-2000 posterior draws and as many reference draws (scripts/frontier.py's references) and by each parameter's sd
-ratio (``dpsbi.metrics.spread_ratios``). One JSON line per (variant, seed) is appended to ``--out``; one already
-there is skipped (a killed run resumes at its variant).
+Each variant (``--variants``, names in :data:`VARIANTS`) is ``SPPE(task, amortized=True, epsilon_range=RANGE,
+**settings)`` with ``--overrides`` (JSON) over its settings; ``"epsilon_range": None`` trains at one epsilon only,
+the first of ``--epsilons`` (the control without a range). Each is fitted with one torch thread at each of
+``--seeds``, then scored at each of ``--epsilons`` (the task's stored releases) by C2ST between 2000 posterior
+draws and as many reference draws (scripts/frontier.py's references, ``--reference`` over its settings) and by
+each parameter's sd and 95 % width ratio (``dpsbi.metrics.spread_ratios``). One JSON line per (variant, seed)
+is appended to ``--out``; one already there is skipped (a killed run resumes at its variant).
 
-    .venv/bin/python scripts/amortized_diagnosis.py --task regression --out results/amortized_diagnosis.jsonl \\
-        --variant 'global={"flow": {"release_scaling": "global"}}' --variant 'per_epsilon={}'
+``report FILE``: a table of the rows, one per (variant, seed), and the mean over seeds per variant.
+
+    .venv/bin/python scripts/amortized_diagnosis.py run --task regression --variants global per_epsilon fixed_10 \\
+        --seeds 0 1 2 --out results/amortized_diagnosis.jsonl
+    .venv/bin/python scripts/amortized_diagnosis.py report results/amortized_diagnosis.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -27,6 +32,17 @@ from dpsbi.experiment.config import build_task
 from dpsbi.metrics import c2st, spread_ratios
 
 RANGE = (0.1, 10.0)
+#: The fits compared: SPPE keywords of each (over ``amortized=True, epsilon_range=RANGE``).
+VARIANTS = {
+    "global": {"flow": {"release_scaling": "global"}},  # one z-scoring of all releases (before issue 31)
+    "per_epsilon": {},  # the library's defaults: releases z-scored at their own epsilon
+    "both": {"flow": {"release_scaling": "both"}},  # the release z-scored both ways, side by side
+    "fixed_10": {"epsilon_range": None},  # the control: amortized over releases at one epsilon only
+    "global_sims10k": {"sims_per_round": 10_000, "flow": {"release_scaling": "global"}},
+    "per_epsilon_sims1k": {"sims_per_round": 1000},
+    "per_epsilon_sims10k": {"sims_per_round": 10_000},
+    "both_sims10k": {"sims_per_round": 10_000, "flow": {"release_scaling": "both"}},
+}
 
 
 def fit(task_name: str, settings: dict, seed: int, epsilons: list[float]):
@@ -39,20 +55,22 @@ def fit(task_name: str, settings: dict, seed: int, epsilons: list[float]):
     return posterior, round(time.process_time() - cpu, 1), round(time.perf_counter() - wall, 1)
 
 
-def score(task_name: str, posterior, epsilons: list[float], ranged: bool, n: int) -> list[dict]:
+def score(
+    task_name: str, posterior, epsilons: list[float], ranged: bool, n: int, reference: dict
+) -> list[dict]:
     """C2ST and sd ratios at each stored release."""
     rows = []
     for epsilon in epsilons:
         config = {"name": task_name, "epsilon": epsilon}
         task = build_task(config)
-        reference = reference_for(task, config).samples[:n]
+        exact = reference_for(task, config, reference).samples[:n]
         keywords = {"epsilon": epsilon} if ranged else {}
         draws = posterior.sample((n,), y=task.y_obs, seed=0, **keywords).cpu()
-        ratios = spread_ratios(draws, reference)
+        ratios = spread_ratios(draws, exact)
         rows.append(
             {
                 "epsilon": epsilon,
-                "c2st": round(c2st(draws, reference, seed=0), 4),
+                "c2st": round(c2st(draws, exact, seed=0), 4),
                 "sd_ratio": [round(v, 3) for v in ratios["sd_ratio"]],
                 "width95_ratio": [round(v, 3) for v in ratios["width95_ratio"]],
             }
@@ -60,25 +78,52 @@ def score(task_name: str, posterior, epsilons: list[float], ranged: bool, n: int
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="regression")
-    parser.add_argument("--epsilons", type=float, nargs="+", default=[10.0, 1.0, 0.1])
-    parser.add_argument("--variant", action="append", required=True, help="LABEL=JSON of SPPE keywords")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--draws", type=int, default=2000)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+def report(path: Path) -> None:
+    """Print the rows of ``path`` as a table: C2ST and mean sd ratio at each epsilon, per (variant, seed), then
+    the mean over seeds of each variant's C2ST."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    epsilons = sorted({s["epsilon"] for r in rows for s in r["scores"]}, reverse=True)
+    head = " | ".join(f"epsilon {e:g}: C2ST (sd ratios)" for e in epsilons)
+    print(f"| task | variant | seed | fit CPU s | {head} |")
+    print("|---|---|---|---|" + "---|" * len(epsilons))
+    by_variant: dict[tuple, dict[float, list[float]]] = {}
+    for r in rows:
+        at = {s["epsilon"]: s for s in r["scores"]}
+        cells = []
+        for e in epsilons:
+            if e not in at:
+                cells.append("-")
+                continue
+            ratios = ", ".join(f"{v:.2f}" for v in at[e]["sd_ratio"])
+            cells.append(f"{at[e]['c2st']:.3f} ({ratios})")
+            by_variant.setdefault((r["task"], r["variant"]), {}).setdefault(e, []).append(at[e]["c2st"])
+        print(
+            f"| {r['task']} | {r['variant']} | {r['seed']} | {r['fit_cpu_s']:.0f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    print()
+    print("| task | variant | " + " | ".join(f"mean C2ST at {e:g} (seeds)" for e in epsilons) + " |")
+    print("|---|---|" + "---|" * len(epsilons))
+    for (task, variant), scores in by_variant.items():
+        cells = [
+            f"{statistics.mean(scores[e]):.3f} ({len(scores[e])})" if e in scores else "-" for e in epsilons
+        ]
+        print(f"| {task} | {variant} | " + " | ".join(cells) + " |")
+
+
+def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     done = set()
     if args.out.exists():
-        done = {(r["task"], r["variant"], r["seed"]) for r in map(json.loads, args.out.read_text().splitlines())}
+        done = {
+            (r["task"], r["variant"], r["seed"]) for r in map(json.loads, args.out.read_text().splitlines())
+        }
     for seed in args.seeds:
-        for variant in args.variant:
-            label, _, settings = variant.partition("=")
+        for label in args.variants:
             if (args.task, label, seed) in done:
                 continue
-            settings = json.loads(settings or "{}")
+            settings = {**VARIANTS[label], **args.overrides}
             posterior, cpu, wall = fit(args.task, settings, seed, args.epsilons)
             ranged = settings.get("epsilon_range", RANGE) is not None
             epsilons = args.epsilons if ranged else args.epsilons[:1]
@@ -89,11 +134,37 @@ def main() -> None:
                 "seed": seed,
                 "fit_cpu_s": cpu,
                 "fit_wall_s": wall,
-                "scores": score(args.task, posterior, epsilons, ranged, args.draws),
+                "scores": score(args.task, posterior, epsilons, ranged, args.draws, args.reference),
             }
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    r = commands.add_parser("run")
+    r.add_argument("--task", default="regression")
+    r.add_argument("--epsilons", type=float, nargs="+", default=[10.0, 1.0, 0.1])
+    r.add_argument("--variants", nargs="+", required=True, choices=list(VARIANTS))
+    r.add_argument(
+        "--overrides", type=json.loads, default={}, help="SPPE keywords over every variant's, as JSON"
+    )
+    r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument("--draws", type=int, default=2000)
+    r.add_argument(
+        "--reference",
+        type=json.loads,
+        default={},
+        help="reference settings over scripts/frontier.py's, as JSON",
+    )
+    r.add_argument("--out", type=Path, required=True)
+    commands.add_parser("report").add_argument("results", type=Path)
+    args = parser.parse_args()
+    if args.command == "report":
+        return report(args.results)
+    run(args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import warnings
 
 import pytest
 import torch
-
 from sbi.utils.sbiutils import standardizing_net
 
 import dpsbi
@@ -262,7 +261,9 @@ def test_releases_are_z_scored_at_their_own_epsilon():
     """Releases whose spread shrinks a hundredfold over the range reach the flow on one scale at every epsilon
     (one z-scoring over all of them leaves the least noisy 50x narrower), and the map is affine in the release."""
     log_eps = torch.linspace(math.log(0.1), math.log(10.0), 4000)
-    release = 3.0 + torch.randn(4000, 2, generator=torch.Generator().manual_seed(0)) / log_eps.exp().unsqueeze(-1)
+    release = 3.0 + torch.randn(
+        4000, 2, generator=torch.Generator().manual_seed(0)
+    ) / log_eps.exp().unsqueeze(-1)
     context = torch.cat([release, log_eps.unsqueeze(-1)], -1)
     per_epsilon, overall = EpsilonStandardize(context), standardizing_net(context)
     for ends in (slice(0, 300), slice(-300, None)):
@@ -273,12 +274,15 @@ def test_releases_are_z_scored_at_their_own_epsilon():
     steps = per_epsilon(one)[:, 0].diff()
     torch.testing.assert_close(steps[0], steps[1])  # affine in the release at a fixed epsilon
     assert per_epsilon(context.double()).dtype == torch.float64  # wide releases keep their precision
+    both = EpsilonStandardize(context, both=True)(context)  # the global z-scoring, then the per-epsilon one
+    torch.testing.assert_close(both, torch.cat([overall(context)[:, :2], per_epsilon(context)], -1))
 
 
 def test_older_files_and_global_scaling_load_as_they_were_trained(gaussian_posterior, tmp_path):
     """A file written before ``release_scaling`` existed holds a globally z-scored flow: it loads as one."""
     estimator, posterior = gaussian_posterior
-    assert posterior.flow.epsilon_context and isinstance(posterior.flow.embedding[0], EpsilonStandardize)
+    scaling = posterior.flow.embedding[0]
+    assert posterior.flow.epsilon_context and isinstance(scaling, EpsilonStandardize) and scaling.both
     flow = ConditionalFlow(
         dataclasses.replace(estimator.flow_settings, release_scaling="global"),
         torch.randn(50, 2),

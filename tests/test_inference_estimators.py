@@ -269,7 +269,13 @@ def test_naive_npe_spends_num_simulations_in_one_round(task):
     assert (naive.rounds, naive.sims_per_round, naive.inner_samples) == (1, 60, 1)
     assert repr(naive) == "NaiveNPE(task='conjugate_gaussian', num_simulations=60)"
     sppe = dpsbi.SPPE.defaults()
-    assert dpsbi.NaiveNPE.defaults()["num_simulations"] == sppe["rounds"] * sppe["sims_per_round"] == 10_000
+    per_round = dpsbi.SPPE.default_sims_per_round(amortized=False)
+    assert (
+        sppe["sims_per_round"] is None and dpsbi.SPPE(task).sims_per_round == per_round
+    )  # None: chosen per fit
+    assert dpsbi.NaiveNPE.defaults()["num_simulations"] == sppe["rounds"] * per_round == 10_000
+    assert dpsbi.SPPE(task, amortized=True).sims_per_round == 10_000
+    assert dpsbi.SPPE(task, amortized=True, sims_per_round=500).sims_per_round == 500
     assert not {"rounds", "sims_per_round", "inner_samples", "qmc"} & set(dpsbi.NaiveNPE.defaults())
     assert dpsbi.NaiveNPE.defaults(paper=True)["num_simulations"] == 10_000
     with pytest.raises(ValueError, match="num_simulations >= 2"):

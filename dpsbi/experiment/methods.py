@@ -233,7 +233,8 @@ def budget_settings(method: Method, budget: dict) -> dict:
     settings = {k: v for k, v in budget.items() if k in arguments}
     sequential = {k: budget[k] for k in ("rounds", "sims_per_round") if k in budget}
     if "num_simulations" in arguments and sequential:
-        per_round = {**{k: SPPE.defaults()[k] for k in ("rounds", "sims_per_round")}, **sequential}
+        defaults = {"rounds": SPPE.defaults()["rounds"], "sims_per_round": SPPE.default_sims_per_round(False)}
+        per_round = {**defaults, **sequential}
         settings["num_simulations"] = per_round["rounds"] * per_round["sims_per_round"]
     training = {k: v for k, v in budget.items() if k in TrainingSettings.field_names()}
     return {**settings, "training": training} if training else settings

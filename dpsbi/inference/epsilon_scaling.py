@@ -26,12 +26,16 @@ class EpsilonStandardize(nn.Module):
     epsilon`` is one more thing the flow must undo; measured on a small fit in tests/test_amortized.py). A
     context's release is z-scored by those values interpolated linearly in ``log epsilon`` between the centres
     (held at the outer centres' beyond them), its ``log epsilon`` by the examples' mean and sd. All
-    tensors: no host read, batch shapes ``(..., k + 1)`` in and out. The statistics are buffers (saved with the
+    tensors: no host read, batch shapes ``(..., k + 1)`` in and out; with ``both``, ``(..., 2k + 1)``: the release
+    z-scored by all the examples at once comes first, then as above. The statistics are buffers (saved with the
     flow's ``state_dict``)."""
 
-    def __init__(self, context: Tensor, min_std: float = 1e-7) -> None:
+    def __init__(self, context: Tensor, both: bool = False, min_std: float = 1e-7) -> None:
         super().__init__()
+        self.both = bool(both)
         release, log_eps = context[:, :-1], context[:, -1]
+        self.register_buffer("overall_mean", release.mean(0))
+        self.register_buffer("overall_std", release.std(0).clamp_min(min_std))
         low, high = log_eps.min(), log_eps.max()
         width = (high - low).clamp_min(1e-6) / BINS
         member = nn.functional.one_hot(((log_eps - low) / width).floor().clamp(0, BINS - 1).long(), BINS)
@@ -59,7 +63,11 @@ class EpsilonStandardize(nn.Module):
         centre = mean[below] * (1 - weight) + mean[below + 1] * weight
         scale = (log_std[below] * (1 - weight) + log_std[below + 1] * weight).exp()
         scaled_eps = (log_eps - self.eps_mean.to(context.dtype)) / self.eps_std.to(context.dtype)
-        return torch.cat([(release - centre) / scale, scaled_eps], -1)
+        scaled = [(release - centre) / scale, scaled_eps]
+        if self.both:
+            overall = (release - self.overall_mean.to(context.dtype)) / self.overall_std.to(context.dtype)
+            scaled.insert(0, overall)
+        return torch.cat(scaled, -1)
 
 
 def _quadratic_fit(x: Tensor, values: Tensor, count: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from .spline_flow import SplineFlow
 #: The flows' implementations: ours without host synchronization (the default), and sbi's on nflows.
 BACKENDS = ("dpsbi", "nflows")
 #: How a release in the context of a flow conditioned on ``log epsilon`` is z-scored (FlowSettings ``release_scaling``).
-RELEASE_SCALINGS = ("per_epsilon", "global")
+RELEASE_SCALINGS = ("both", "per_epsilon", "global")
 
 
 def _mlp(context_dim: int) -> nn.Module:
@@ -70,10 +70,12 @@ class FlowSettings(Settings):
     which waits for the device at every spline layer; what files and checkpoints written before ``backend``
     existed hold, and :meth:`recorded` reads them so).
 
-    ``release_scaling``, for a posterior flow conditioned on ``log epsilon`` (``epsilon_range``): ``"per_epsilon"``
-    (the default) z-scores each release by the training releases drawn at its epsilon
-    (:class:`~dpsbi.inference.epsilon_scaling.EpsilonStandardize`), ``"global"`` by all of them at once (what files
-    written before it existed hold). Other flows z-score their context globally whatever it says."""
+    ``release_scaling``, for a posterior flow conditioned on ``log epsilon`` (``epsilon_range``): ``"both"`` (the
+    default) gives the flow each release z-scored two ways side by side, by all the training releases at once and
+    by those drawn at its own epsilon (:class:`~dpsbi.inference.epsilon_scaling.EpsilonStandardize`);
+    ``"per_epsilon"`` the second only; ``"global"`` the first only (what files written before it existed hold).
+    Measured in docs/RESULTS.md ("Why the narrow end fell short"). Other flows z-score their context globally
+    whatever it says."""
 
     label: ClassVar[str] = "flow"
     transforms: int = 8
@@ -83,13 +85,15 @@ class FlowSettings(Settings):
     tail_bound: float = 5.0
     embedding: str | nn.Module | None = None
     backend: str = "dpsbi"
-    release_scaling: str = "per_epsilon"
+    release_scaling: str = "both"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown flow backend {self.backend!r}; one of {BACKENDS}")
         if self.release_scaling not in RELEASE_SCALINGS:
-            raise ValueError(f"unknown flow release_scaling {self.release_scaling!r}; one of {RELEASE_SCALINGS}")
+            raise ValueError(
+                f"unknown flow release_scaling {self.release_scaling!r}; one of {RELEASE_SCALINGS}"
+            )
         for name in ("transforms", "hidden", "blocks", "bins"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"flow {name} must be a positive integer, got {getattr(self, name)}")
@@ -156,15 +160,17 @@ class ConditionalFlow(nn.Module):
         inputs, context = inputs.to(torch.get_default_dtype()), context.to(torch.get_default_dtype())
         try:
             scaling = (
-                EpsilonStandardize(context)
-                if self.epsilon_context and config.release_scaling == "per_epsilon"
+                EpsilonStandardize(context, both=config.release_scaling == "both")
+                if self.epsilon_context and config.release_scaling != "global"
                 else standardizing_net(context, structured_dims=False)
             )
-            if config.backend == "nflows":
-                self.net = _nflows(config, inputs, context)
+            if (
+                config.backend == "nflows"
+            ):  # built for the scaled context, then fed the raw one through `scaling`
+                self.net = _nflows(config, inputs, scaling(context))
                 self.net._embedding_net[0] = scaling
             else:
-                embedding = nn.Sequential(scaling, config.embedding_net(self.context_dim))
+                embedding = nn.Sequential(scaling, config.embedding_net(scaling(context[:2]).shape[-1]))
                 self.embedding = embedding
                 features = embedding(context[:2]).shape[-1]
                 mean, std = z_standardization(inputs, False)

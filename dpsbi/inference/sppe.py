@@ -25,12 +25,14 @@ class SPPE(SequentialEstimator):
     ``amortized=True``: every round draws from the prior and trains with the first round's loss (plain NPE on prior
     draws: the atomic correction is for proposals other than the prior), so the posterior is valid at any
     release after any round; with ``epsilon_range=(low, high)`` it is valid at any epsilon in the range too, the
-    flow being ``q(theta | y, log epsilon)`` (:class:`~dpsbi.inference.estimator.SequentialEstimator`). Its
-    defaults are the sequential ones, measured again for it (``scripts/amortized_epsilon.py``: a two-parameter
-    model with Laplace noise, one fit over epsilon in (0.1, 1), C2ST against exact posteriors at six unseen
-    (release, epsilon) pairs, one CPU thread): 10 x 1000 gave mean C2ST 0.508 (worst 0.531) in 320 s of CPU,
-    5 x 1000 0.514 (0.525) in 151 s, 3 x 1000 0.521 (0.547) in 84 s; 2000 draws at each of the six pairs took
-    0.24 s in one ``sample_batched`` call.
+    flow being ``q(theta | y, log epsilon)`` (:class:`~dpsbi.inference.estimator.SequentialEstimator`). An
+    amortized fit draws 10 000 simulations a round where the call leaves ``sims_per_round`` out (10 rounds:
+    100 000 prior draws; :meth:`default_sims_per_round`): it must learn the posterior at every release, and every
+    epsilon of a range, from prior draws alone. Measured (docs/RESULTS.md, "Amortized defaults"; one CPU thread):
+    on naive Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a round and 0.51-0.55 at 10 000 (20
+    prior-predictive releases at each of three epsilons; fit 560 CPU s); on regression over 0.1-10 at its stored
+    releases 0.76 / 0.57 / 0.59 at epsilon 10 / 1 / 0.1 against 0.66 / 0.55 / 0.52. Give a smaller
+    ``sims_per_round`` where a simulation is costly (SIR's exact simulator).
 
     ``truncate=mass`` (a float, e.g. 1e-4) is the TSNPE variant (Deistler et al. 2022): later rounds draw
     from the prior restricted to the region where ``q(theta | y_obs)`` exceeds its ``mass``-quantile
@@ -40,7 +42,7 @@ class SPPE(SequentialEstimator):
     :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
-    rounds of 1000 simulations, one plain-MC release per simulation at every step (an atomic step at M = 8
+    rounds of 1000 simulations (10 000 with ``amortized=True``: :meth:`default_sims_per_round`), one plain-MC release per simulation at every step (an atomic step at M = 8
     costs ~6x more and bought no accuracy per second there), 1000 gradient steps a round with a cosine
     learning rate from 1e-3. :meth:`paper` gives the paper's settings (M = 32 RQMC, open-ended rounds).
     """
@@ -55,7 +57,7 @@ class SPPE(SequentialEstimator):
         self,
         task: Task,
         rounds: int = 10,
-        sims_per_round: int = 1000,
+        sims_per_round: int | None = None,
         inner_samples: int = 1,
         qmc: bool = False,
         atoms: int = 10,
@@ -64,6 +66,8 @@ class SPPE(SequentialEstimator):
         max_prior_draws: int = 10_000_000,
         **kwargs,
     ) -> None:
+        if sims_per_round is None:
+            sims_per_round = self.default_sims_per_round(bool(kwargs.get("amortized", False)))
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         if int(atoms) < 2:
             raise ValueError(f"atomic APT needs atoms >= 2, got {atoms}")
@@ -86,6 +90,13 @@ class SPPE(SequentialEstimator):
         self.atoms = int(atoms)
         self.truncate = None if truncate is None else float(truncate)
         self.truncation_draws, self.max_prior_draws = int(truncation_draws), int(max_prior_draws)
+
+    @staticmethod
+    def default_sims_per_round(amortized: bool) -> int:
+        """``sims_per_round`` where the call leaves it out: 1000 for a fit at ``y_obs``, 10 000 for an amortized
+        one, which must learn the posterior at every release (and every epsilon of a range) from prior draws
+        alone (docs/RESULTS.md, "Amortized defaults")."""
+        return 10_000 if amortized else 1000
 
     def options(self) -> dict:
         truncation = {
