@@ -98,6 +98,11 @@ TINY = {
         "--out amortized_check.jsonl",
         output="amortized_check.jsonl",
     ),
+    "scripts/amortized_diagnosis.py run": Tiny(
+        f"--variants both --seeds 0 --epsilons 1 --overrides {FIT} --reference {REFERENCE} --draws 200 "
+        "--out amortized_diagnosis.jsonl",
+        output="amortized_diagnosis.jsonl",
+    ),
     "scripts/amortized_epsilon.py": Tiny(f"{FIT} --draws 200", printed='"c2st"'),
     "scripts/privacy_utility.py run": Tiny(
         f"--releases 2 --draws 200 --overrides {FIT} --reference {REFERENCE} --out privacy_utility.jsonl",

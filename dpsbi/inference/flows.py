@@ -21,7 +21,7 @@ from .spline_flow import SplineFlow
 #: The flows' implementations: ours without host synchronization (the default), and sbi's on nflows.
 BACKENDS = ("dpsbi", "nflows")
 #: How a release in the context of a flow conditioned on ``log epsilon`` is z-scored (FlowSettings ``release_scaling``).
-RELEASE_SCALINGS = ("both", "per_epsilon", "global")
+RELEASE_SCALINGS = ("per_epsilon", "both", "global")
 
 
 def _mlp(context_dim: int) -> nn.Module:
@@ -70,12 +70,11 @@ class FlowSettings(Settings):
     which waits for the device at every spline layer; what files and checkpoints written before ``backend``
     existed hold, and :meth:`recorded` reads them so).
 
-    ``release_scaling``, for a posterior flow conditioned on ``log epsilon`` (``epsilon_range``): ``"both"`` (the
-    default) gives the flow each release z-scored two ways side by side, by all the training releases at once and
-    by those drawn at its own epsilon (:class:`~dpsbi.inference.epsilon_scaling.EpsilonStandardize`);
-    ``"per_epsilon"`` the second only; ``"global"`` the first only (what files written before it existed hold).
-    Measured in docs/RESULTS.md ("Why the narrow end fell short"). Other flows z-score their context globally
-    whatever it says."""
+    ``release_scaling``, for a posterior flow conditioned on ``log epsilon`` (``epsilon_range``): ``"per_epsilon"``
+    (the default) z-scores each release by the training releases drawn at its own epsilon
+    (:class:`~dpsbi.inference.epsilon_scaling.EpsilonStandardize`), ``"global"`` by all of them at once (what files
+    written before it existed hold), ``"both"`` gives the flow the two side by side. Measured in docs/RESULTS.md
+    ("Why the narrow end fell short"). Other flows z-score their context globally whatever it says."""
 
     label: ClassVar[str] = "flow"
     transforms: int = 8
@@ -85,7 +84,7 @@ class FlowSettings(Settings):
     tail_bound: float = 5.0
     embedding: str | nn.Module | None = None
     backend: str = "dpsbi"
-    release_scaling: str = "both"
+    release_scaling: str = "per_epsilon"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

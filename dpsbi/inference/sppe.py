@@ -30,8 +30,8 @@ class SPPE(SequentialEstimator):
     100 000 prior draws; :meth:`default_sims_per_round`): it must learn the posterior at every release, and every
     epsilon of a range, from prior draws alone. Measured (docs/RESULTS.md, "Amortized defaults"; one CPU thread):
     on naive Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a round and 0.51-0.55 at 10 000 (20
-    prior-predictive releases at each of three epsilons; fit 560 CPU s); on regression over 0.1-10 at its stored
-    releases 0.76 / 0.57 / 0.59 at epsilon 10 / 1 / 0.1 against 0.66 / 0.55 / 0.52. Give a smaller
+    prior-predictive releases at each of three epsilons, 3 seeds; fits 525-706 CPU s); on regression over 0.1-10 at its stored
+    releases 0.75 / 0.57 / 0.58 at epsilon 10 / 1 / 0.1 against 0.65 / 0.56 / 0.53 (two seeds). Give a smaller
     ``sims_per_round`` where a simulation is costly (SIR's exact simulator).
 
     ``truncate=mass`` (a float, e.g. 1e-4) is the TSNPE variant (Deistler et al. 2022): later rounds draw
