@@ -2,7 +2,7 @@
 
 Releases at epsilon 0.1 and at 10 differ a hundredfold in spread: one z-scoring over all of them squeezes the
 least noisy into a sliver of the flow's input, where the network must tell apart releases that it sees as
-nearly equal (docs/RESULTS.md, "Amortized posteriors"). :class:`EpsilonStandardize` z-scores each release by
+nearly equal (docs/RESULTS.md, "Why the narrow end fell short"). :class:`EpsilonStandardize` z-scores each release by
 the mean and sd of the example releases drawn at its epsilon instead: an affine map of the release for each
 epsilon, so the flow loses nothing, and releases at every epsilon of the range reach it on one scale.
 """

@@ -163,13 +163,16 @@ class ConditionalFlow(nn.Module):
                 if self.epsilon_context and config.release_scaling != "global"
                 else standardizing_net(context, structured_dims=False)
             )
+            scaled = scaling(
+                context
+            )  # what the couplings or the embedding see: k + 1 columns, 2k + 1 for "both"
             if (
                 config.backend == "nflows"
             ):  # built for the scaled context, then fed the raw one through `scaling`
-                self.net = _nflows(config, inputs, scaling(context))
+                self.net = _nflows(config, inputs, scaled)
                 self.net._embedding_net[0] = scaling
             else:
-                embedding = nn.Sequential(scaling, config.embedding_net(scaling(context[:2]).shape[-1]))
+                embedding = nn.Sequential(scaling, config.embedding_net(scaled.shape[-1]))
                 self.embedding = embedding
                 features = embedding(context[:2]).shape[-1]
                 mean, std = z_standardization(inputs, False)

@@ -28,11 +28,12 @@ class SPPE(SequentialEstimator):
     flow being ``q(theta | y, log epsilon)`` (:class:`~dpsbi.inference.estimator.SequentialEstimator`). An
     amortized fit draws 10 000 simulations a round where the call leaves ``sims_per_round`` out (10 rounds:
     100 000 prior draws; :meth:`default_sims_per_round`): it must learn the posterior at every release, and every
-    epsilon of a range, from prior draws alone. Measured (docs/RESULTS.md, "Amortized defaults"; one CPU thread):
-    on naive Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a round and 0.51-0.55 at 10 000 (20
-    prior-predictive releases at each of three epsilons, 3 seeds; fits 525-706 CPU s); on regression over 0.1-10 at its stored
-    releases 0.75 / 0.57 / 0.58 at epsilon 10 / 1 / 0.1 against 0.65 / 0.56 / 0.53 (two seeds). Give a smaller
-    ``sims_per_round`` where a simulation is costly (SIR's exact simulator).
+    epsilon of a range, from prior draws alone. Measured (docs/RESULTS.md, "Why the narrow end fell short, and
+    the amortized defaults"; one CPU thread): on naive Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a
+    round and 0.51-0.55 at 10 000 (20 prior-predictive releases at each of three epsilons, 3 seeds; fits 525-706
+    CPU s); on regression over 0.1-10 at its stored releases 0.75 / 0.57 / 0.58 at epsilon 10 / 1 / 0.1 against
+    0.65 / 0.56 / 0.53 (two seeds). Give a smaller ``sims_per_round`` where a simulation is costly (SIR's exact
+    simulator).
 
     ``truncate=mass`` (a float, e.g. 1e-4) is the TSNPE variant (Deistler et al. 2022): later rounds draw
     from the prior restricted to the region where ``q(theta | y_obs)`` exceeds its ``mass``-quantile
@@ -95,7 +96,7 @@ class SPPE(SequentialEstimator):
     def default_sims_per_round(amortized: bool) -> int:
         """``sims_per_round`` where the call leaves it out: 1000 for a fit at ``y_obs``, 10 000 for an amortized
         one, which must learn the posterior at every release (and every epsilon of a range) from prior draws
-        alone (docs/RESULTS.md, "Amortized defaults")."""
+        alone (docs/RESULTS.md, "Why the narrow end fell short, and the amortized defaults")."""
         return 10_000 if amortized else 1000
 
     def options(self) -> dict:
