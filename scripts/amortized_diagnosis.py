@@ -44,6 +44,16 @@ VARIANTS = {
     "global_sims10k": {"sims_per_round": 10_000, "flow": {"release_scaling": "global"}},
     "per_epsilon_sims10k": {"sims_per_round": 10_000, "flow": {"release_scaling": "per_epsilon"}},
     "both_sims10k": {"sims_per_round": 10_000, "flow": {"release_scaling": "both"}},
+    # the new defaults, each with one more change: capacity, gradient steps
+    "hidden100_sims10k": {
+        "sims_per_round": 10_000,
+        "flow": {"release_scaling": "per_epsilon", "hidden": 100},
+    },
+    "steps2000_sims10k": {
+        "sims_per_round": 10_000,
+        "flow": {"release_scaling": "per_epsilon"},
+        "training": {"max_steps": 2000},
+    },
 }
 
 

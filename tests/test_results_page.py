@@ -103,6 +103,10 @@ TINY = {
         "--out amortized_diagnosis.jsonl",
         output="amortized_diagnosis.jsonl",
     ),
+    "scripts/amortized_probes.py run": Tiny(
+        f"--seeds 0 --epsilons 1 --overrides {FIT} --reference {REFERENCE} --draws 200 --out probes.jsonl",
+        output="probes.jsonl",
+    ),
     "scripts/amortized_epsilon.py": Tiny(f"{FIT} --draws 200", printed='"c2st"'),
     "scripts/privacy_utility.py run": Tiny(
         f"--releases 2 --draws 200 --overrides {FIT} --reference {REFERENCE} --out privacy_utility.jsonl",
