@@ -55,18 +55,18 @@ def patch_defensive() -> None:
         s[:k] = self.task.simulate(theta[:k], torch.Generator().manual_seed(12345 + index))
         return theta, s, generator
 
-    def tensors(self, z, s):  # the prior / mixture log weight in place of the (unused) prior log density
+    def tensors(self, z, s, rounds):  # prior / mixture log weights in place of the (unused) log prior
         centre = self.space.to_z(self.space.prior.mean.to(self.space.device))
         log_p = self.space.log_prior_z(z)
         log_wide = self.space.log_prior_z(centre + (z - centre) / WIDEN) - z.shape[-1] * math.log(WIDEN)
         mixture = torch.logsumexp(torch.stack([math.log(1 - SHARE) + log_p, math.log(SHARE) + log_wide]), 0)
-        return z, s, log_p - mixture
+        return z, s, log_p - mixture, torch.ones_like(log_p)
 
     def loss(self, round_index):
         mechanism, m, qmc = self.task.mechanism, self.inner_samples, self.qmc
 
         def compute(flow, batch, draws):
-            z, s, log_weight, *epsilon = batch
+            z, s, log_weight, _, *epsilon = batch
             terms = sppe_loss(
                 flow,
                 z,

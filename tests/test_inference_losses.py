@@ -173,3 +173,29 @@ def test_rqmc_loss_variance_is_lower_and_falls_faster_than_mc_on_regression():
     assert -1.3 < slope[False] < -0.7, slope  # MC: variance ~ 1/M
     assert slope[True] < slope[False] - 0.25, slope  # RQMC falls faster
     assert (var[True][1:] < var[False][1:]).all(), var  # and is lower from M = 8 on
+
+
+def test_the_combined_loss_adds_the_plain_term_on_the_prior_rows_only():
+    """sbi's combined loss: rows marked as prior draws add ``-log q(theta_i | y_ij)`` to their atomic term (the
+    same atoms), the others keep the atomic term alone; a q twice as wide as the exact posterior scores clearly
+    worse than it (the plain term's expected excess is the KL divergence, ~0.44 per dimension)."""
+    g = torch.Generator().manual_seed(5)
+    n, d, noise = 200, 2, 0.25
+    theta = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = (theta + math.sqrt(noise) * torch.randn(n, d, generator=g, dtype=torch.float64)).unsqueeze(1)
+    log_prior = Normal(0.0, 1.0).log_prob(theta).sum(-1)
+    exact = LinearGaussian(1 / (1 + noise), noise / (1 + noise))
+    index = atom_indices(n, 10, g)
+    mask = (torch.arange(n) % 2 == 0).to(theta.dtype)
+
+    def terms(prior_rows=None, flow=exact):
+        return posterior_loss(
+            flow, theta, y, 10, log_prior, reduction="none", index=index, prior_rows=prior_rows
+        )
+
+    plain = posterior_loss(exact, theta, y, reduction="none")
+    torch.testing.assert_close(terms(mask), terms() + mask * plain)
+    assert float(terms(torch.zeros(n, dtype=theta.dtype)).mean()) == float(terms().mean())
+    wide = LinearGaussian(1 / (1 + noise), 4 * noise / (1 + noise))  # twice the posterior sd
+    ones = torch.ones(n, dtype=theta.dtype)
+    assert float(terms(ones, wide).mean() - terms(ones).mean()) > 0.3  # KL per dimension ~0.44 x 2

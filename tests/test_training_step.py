@@ -61,6 +61,17 @@ def test_the_naive_npe_step_traces_whole(step_traces_whole):
     step_traces_whole(_fitted("NaiveNPE", "regression"), 0)
 
 
+def test_the_combined_loss_step_traces_whole(step_traces_whole):
+    step_traces_whole(_fitted("SPPE", "regression", atoms=5, combined_loss=True), 1)
+
+
+def test_the_combined_loss_needs_atomic_rounds():
+    task = dpsbi.tasks.load("regression", epsilon=1.0)
+    for kwargs in ({"amortized": True}, {"truncate": 1e-4}):
+        with pytest.raises(ValueError, match="combined_loss adds the plain loss to atomic rounds"):
+            dpsbi.SPPE(task, combined_loss=True, **kwargs)
+
+
 def test_the_epsilon_conditioned_step_traces_whole(step_traces_whole):
     step_traces_whole(_fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0)), 0)
 

@@ -332,8 +332,9 @@ class SequentialEstimator(abc.ABC):
         """Example ``(inputs, context)`` of the flow, from which its z-scoring is computed; ``epsilon (n,)``: each
         simulation's epsilon, with ``epsilon_range``."""
 
-    def tensors(self, z: Tensor, s: Tensor) -> tuple[Tensor, ...]:
-        """The training tensors of each simulation (a batch of them is what :meth:`loss` receives; with
+    def tensors(self, z: Tensor, s: Tensor, rounds: Tensor) -> tuple[Tensor, ...]:
+        """The training tensors of each simulation, from its parameters ``z``, summaries ``s`` and round number
+        ``rounds (n,)`` (from 1) (a batch of them is what :meth:`loss` receives; with
         ``epsilon_range`` each simulation's epsilon follows them, as the batch's last tensor)."""
         return z, s
 
@@ -706,7 +707,8 @@ class SequentialEstimator(abc.ABC):
         """The training (or validation) rows' tensors (:meth:`tensors`, then each row's epsilon with
         ``epsilon_range``)."""
         rows = self.data["validation"] == validation
-        tensors = self.tensors(self.space.to_z(self.data["theta"][rows]), self.data["s"][rows])
+        z = self.space.to_z(self.data["theta"][rows])
+        tensors = self.tensors(z, self.data["s"][rows], self.data["round"][rows])
         if self.epsilon_range is not None:
             tensors = (*tensors, self.data["epsilon"][rows])
         return tensors

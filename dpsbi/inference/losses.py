@@ -123,6 +123,7 @@ def posterior_loss(
     generator: torch.Generator | None = None,
     reduction: str = "mean",
     index: Tensor | None = None,
+    prior_rows: Tensor | None = None,
 ) -> Tensor:
     """Posterior-estimation loss for parameters ``theta (N, d)`` and releases ``y (N, M, dim_y)``.
 
@@ -131,7 +132,10 @@ def posterior_loss(
     atoms of row ``i`` (itself and ``A - 1`` other rows, shared by its ``M`` releases) and ``log_prior (N,)``
     the prior log densities of the rows in the flow's space. ``A`` is capped at the batch size.
     ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean. ``index (N, A)``: the atoms
-    (:func:`atom_indices`), drawn here from ``generator`` when not given.
+    (:func:`atom_indices`), drawn here from ``generator`` when not given. ``prior_rows (N,)``: 1 for the rows
+    drawn from the prior, 0 elsewhere; with atoms, those rows also add the plain term ``-log q(theta_i | y_ij)``
+    (sbi's combined loss; the flow evaluations are the atomic term's own), which ties ``q``'s mass away from
+    the atoms to the posterior: the atomic term alone leaves it free (leakage).
     """
     if atoms == 1:
         return _reduce(-flow.log_prob(theta.unsqueeze(-2), y), reduction)
@@ -142,7 +146,10 @@ def posterior_loss(
     logits = flow.log_prob(theta[index].unsqueeze(1), y.unsqueeze(2)) - log_prior[index].unsqueeze(
         1
     )  # (N, M, A)
-    return _reduce(-torch.log_softmax(logits, dim=-1)[..., 0], reduction)
+    terms = -torch.log_softmax(logits, dim=-1)[..., 0]
+    if prior_rows is not None:  # log q(theta_i | y_ij) = logits[..., 0] + log p(theta_i)
+        terms = terms - prior_rows.unsqueeze(-1) * (logits[..., 0] + log_prior.unsqueeze(-1))
+    return _reduce(terms, reduction)
 
 
 def sppe_loss(
@@ -159,14 +166,16 @@ def sppe_loss(
     epsilon: Tensor | None = None,
     u: Tensor | None = None,
     index: Tensor | None = None,
+    prior_rows: Tensor | None = None,
 ) -> Tensor:
     """SPPE loss of a posterior flow ``q(theta | y)`` on pairs ``theta (N, d)``, ``s (N, dim_s)``:
     :func:`posterior_loss` on ``M = inner_samples`` fresh releases of each ``s_i``. ``epsilon (N,)``: each
     pair's privacy level, for a flow ``q(theta | y, log epsilon)`` (module docstring). ``u`` and ``index``:
-    the step's uniforms and atoms drawn beforehand (else from ``generator``)."""
+    the step's uniforms and atoms drawn beforehand (else from ``generator``); ``prior_rows``: the combined
+    loss (:func:`posterior_loss`)."""
     y = inner_releases(s, mechanism, inner_samples, qmc, generator, epsilon=epsilon, u=u)
     return posterior_loss(
-        flow, theta, with_log_epsilon(y, epsilon), atoms, log_prior, generator, reduction, index
+        flow, theta, with_log_epsilon(y, epsilon), atoms, log_prior, generator, reduction, index, prior_rows
     )
 
 
