@@ -54,6 +54,12 @@ VARIANTS = {
         "flow": {"release_scaling": "per_epsilon"},
         "training": {"max_steps": 2000},
     },
+    # the range's end: epsilon 10 inside a range to 20 instead of at its end
+    "range20_sims10k": {
+        "sims_per_round": 10_000,
+        "epsilon_range": (0.1, 20.0),
+        "flow": {"release_scaling": "per_epsilon"},
+    },
 }
 
 
