@@ -38,8 +38,9 @@ class SPPE(SequentialEstimator):
     ``combined_loss=True`` (sbi's ``use_combined_loss``): the atomic rounds also score the first round's prior
     draws by the plain loss ``-log q(theta | y)``, at no extra flow evaluation. The atomic loss compares ``q`` only
     at the atoms, so it leaves ``q``'s mass elsewhere free; on SIR at epsilon 1 that leaked mass shows as tails
-    that make the sd 1.2-1.5x the reference's while the central 95 % width is right (docs/RESULTS.md, "SIR's
-    wide tails"). Off by default until the main table is rerun with it.
+    that make the sd 1.2-2.0x the reference's while the central 95 % width is right (docs/RESULTS.md, "SIR's
+    wide tails"); with it, 1.1-1.3x (``truncate`` removes them: 0.9-1.05x). Off by default until the main table
+    is rerun with it.
 
     ``truncate=mass`` (a float, e.g. 1e-4) is the TSNPE variant (Deistler et al. 2022): later rounds draw
     from the prior restricted to the region where ``q(theta | y_obs)`` exceeds its ``mass``-quantile
