@@ -43,20 +43,25 @@ def patch_tilt() -> None:
     estimator.log_uniform = tilted
 
 
+def prior_centre(space) -> torch.Tensor:
+    """The prior mean mapped to the flow's space: the point the defensive mixture widens about."""
+    return space.to_z(space.prior.mean.to(space.device))
+
+
 def patch_defensive() -> None:
     draw_and_simulate, plain_loss = estimator.SequentialEstimator._draw_and_simulate, dpsbi.SPPE.loss
 
     def widened(self, index, posterior):
         theta, s, generator = draw_and_simulate(self, index, posterior)
         k = int(SHARE * theta.shape[0])
-        centre = self.space.to_z(self.space.prior.mean.to(self.space.device))
+        centre = prior_centre(self.space)
         theta, s = theta.clone(), s.clone()
         theta[:k] = self.space.to_theta(centre + WIDEN * (self.space.to_z(theta[:k]) - centre))
         s[:k] = self.task.simulate(theta[:k], torch.Generator().manual_seed(12345 + index))
         return theta, s, generator
 
     def tensors(self, z, s, rounds):  # prior / mixture log weights in place of the (unused) log prior
-        centre = self.space.to_z(self.space.prior.mean.to(self.space.device))
+        centre = prior_centre(self.space)
         log_p = self.space.log_prior_z(z)
         log_wide = self.space.log_prior_z(centre + (z - centre) / WIDEN) - z.shape[-1] * math.log(WIDEN)
         mixture = torch.logsumexp(torch.stack([math.log(1 - SHARE) + log_p, math.log(SHARE) + log_wide]), 0)
@@ -94,10 +99,8 @@ def main() -> None:
     parser.add_argument("--probe", required=True, choices=list(PROBES))
     args, rest = parser.parse_known_args()
     PROBES[args.probe]()
-    amortized_diagnosis.VARIANTS[f"{args.probe}_sims10k_probe"] = {
-        "sims_per_round": 10_000,
-        "flow": {"release_scaling": "per_epsilon"},
-    }
+    defaults = amortized_diagnosis.VARIANTS["per_epsilon_sims10k"]  # the amortized defaults, pinned
+    amortized_diagnosis.VARIANTS[f"{args.probe}_sims10k_probe"] = dict(defaults)
     sys.argv = [sys.argv[0], *rest]
     amortized_diagnosis.main()
 
