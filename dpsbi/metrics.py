@@ -78,6 +78,15 @@ def spread_ratios(draws: Tensor, reference: Tensor) -> dict[str, list[float]]:
     }
 
 
+def mean_shift(draws: Tensor, reference: Tensor) -> list[float]:
+    """Per-parameter error of the mean of ``draws (n, d)`` in the reference's sds:
+    ``(mean(draws) - mean(reference)) / sd(reference)``. A posterior of the right shape in the wrong place (an
+    amortized flow pulled towards the prior's bulk at a release in its tail) shows here while its spread ratios
+    are near 1. Computed in float64."""
+    a, b = _check_pair(draws, reference, "mean_shift", dtype=torch.float64)
+    return ((a.mean(0) - b.mean(0)) / b.std(0)).tolist()
+
+
 def kde_log_prob(samples: Tensor, points: Tensor, bandwidth: float | None = None) -> Tensor:
     """Log density at ``points (m, d)`` of a Gaussian KDE of ``samples (n, d)``, shape ``(m,)``.
 

@@ -194,6 +194,18 @@ def test_the_width_ratio_sees_a_far_tail_the_sd_ratio_reads_differently():
     assert ratios["width95_ratio"][0] == pytest.approx(width, rel=0.02)
 
 
+def test_mean_shift_is_exact_on_shifted_copies_and_blind_to_spread():
+    """Draws ``x + c sd(x)`` against ``x``: the shift is ``c`` exactly; ``2 x`` (same mean, twice the spread) has
+    none, where the spread ratios see it."""
+    x = torch.randn(1000, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64) ** 3
+    c = torch.tensor([0.5, -2.0, 0.0], dtype=torch.float64)
+    assert metrics.mean_shift(x + c * x.std(0), x) == pytest.approx(c.tolist(), abs=1e-12)
+    centred = x - x.mean(0)
+    assert metrics.mean_shift(2 * centred, centred) == pytest.approx([0.0] * 3, abs=1e-12)
+    with pytest.raises(ValueError, match="mean_shift: a and b must be"):
+        metrics.mean_shift(torch.zeros(10, 2), torch.zeros(10, 3))
+
+
 def test_spread_ratios_refuse_mismatched_draws_in_one_line():
     with pytest.raises(ValueError, match="spread_ratios: a and b must be") as error:
         metrics.spread_ratios(torch.zeros(10, 2), torch.zeros(10, 3))
