@@ -7,7 +7,8 @@ thread), then at each of three epsilons of the range:
   mechanism at that epsilon), each scored by C2ST between 2000 draws (``--draws``) of the posterior and as many
   of the task's exact posterior at that release and epsilon, and by the spread ratios (posterior sd and central
   95 % width over the exact posterior's, per parameter: ``dpsbi.metrics.spread_ratios``), whose mean over
-  releases and parameters and largest per-parameter deviation from 1 are reported;
+  releases and parameters and largest per-parameter deviation from 1 are reported, and by the error of the
+  posterior mean in exact sds (``dpsbi.metrics.mean_shift``: a posterior of the right spread in the wrong place);
 - calibration: sbi's own ``run_sbc`` / ``check_sbc`` (KS p-value of each parameter's ranks) and ``run_tarp`` /
   ``check_tarp`` (ATC, KS p-value) over ``--pairs`` prior-predictive pairs, the posterior set to that epsilon
   with ``set_default_epsilon`` so that sbi's calls pass releases only;
@@ -36,11 +37,11 @@ import time
 from pathlib import Path
 
 import torch
-from frontier import REFERENCE
+from frontier import REFERENCE, reference_cache
 
 import dpsbi
 from dpsbi.experiment.reference import reference_posterior
-from dpsbi.metrics import SPREADS, c2st, spread_ratios
+from dpsbi.metrics import SPREADS, c2st, mean_shift, spread_ratios
 
 #: name -> (tasks.load arguments, epsilon range of the fit, the epsilons scored).
 TASKS = {
@@ -77,13 +78,14 @@ def prior_predictive(task, n: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
 
 def exact_draws(task, arguments: dict, y: torch.Tensor, n: int, seed: int, reference: dict) -> torch.Tensor:
     """``n`` draws of the task's posterior at release ``y``: its closed form, else the validated reference
-    sampler at that release (scripts/frontier.py's settings, ``reference`` over them; not cached: every release
-    is new)."""
+    sampler at that release (scripts/frontier.py's settings, ``reference`` over them; cached by release, so that
+    a second fit scored at the same releases reuses them)."""
     if task.exact_posterior is None:
         config = {**arguments, "epsilon": task.epsilon, "y_obs": y.tolist()}
         at = load({**arguments, "y_obs": y}, task.epsilon)
         settings = {**REFERENCE, **reference, "num_samples": n}
-        return reference_posterior(at, config, seed=seed, progress=False, **settings).samples
+        cached = {"cache_dir": reference_cache(), "seed": seed, "progress": False}
+        return reference_posterior(at, config, **cached, **settings).samples
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return task.exact_posterior(y[None]).sample((n,)).reshape(n, -1)
@@ -120,6 +122,17 @@ def spread_summary(spreads: list[dict[str, list[float]]]) -> dict:
     return out
 
 
+def shift_summary(shifts: list[list[float]]) -> dict:
+    """The mean errors (``dpsbi.metrics.mean_shift``, in reference sds) of each release and parameter: their mean
+    absolute value, the mean absolute value per parameter, and the largest."""
+    table = torch.tensor(shifts).abs()  # (releases, parameters)
+    return {
+        "mean_shift_abs_mean": round(float(table.mean()), 4),
+        "mean_shift_abs_by_parameter": [round(v, 4) for v in table.mean(0).tolist()],
+        "mean_shift_abs_worst": round(float(table.max()), 4),
+    }
+
+
 def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
     task = load(arguments, (low * high) ** 0.5)
@@ -142,6 +155,8 @@ def check(name: str, args: argparse.Namespace) -> None:
             saved.parent.mkdir(parents=True, exist_ok=True)
             posterior.save(saved)
     for k, epsilon in enumerate(scored):
+        if args.epsilons and epsilon not in args.epsilons:
+            continue
         at = load(arguments, epsilon)
         _, y = prior_predictive(at, args.releases, seed=100 + k)
         single = []
@@ -157,6 +172,7 @@ def check(name: str, args: argparse.Namespace) -> None:
         ]
         scores = [round(c2st(draws[:, i], exact[i]), 4) for i in range(args.releases)]
         spreads = [spread_ratios(draws[:, i], exact[i]) for i in range(args.releases)]
+        shifts = [mean_shift(draws[:, i], exact[i]) for i in range(args.releases)]
         row = {
             "task": name,
             "epsilon": epsilon,
@@ -166,6 +182,7 @@ def check(name: str, args: argparse.Namespace) -> None:
             "c2st_mean": round(statistics.mean(scores), 4),
             "c2st_worst": max(scores),
             **spread_summary(spreads),
+            **shift_summary(shifts),
             f"draws_{args.draws}_one_release_s": round(statistics.median(single), 4),
             f"draws_{args.draws}_at_{args.releases}_releases_s": round(batched, 4),
             **calibration(at, posterior, args.pairs, seed=200 + k),
@@ -204,6 +221,9 @@ def main() -> None:
         type=json.loads,
         default={},
         help="reference settings over scripts/frontier.py's, as JSON (tasks without an exact posterior)",
+    )
+    parser.add_argument(
+        "--epsilons", type=float, nargs="+", help="score at these of each task's epsilons only (default: all)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)

@@ -108,12 +108,22 @@ def done(out: Path) -> set[tuple]:
     return {configuration(r) for r in read_jsonl(out) if r.get("last")}
 
 
+def reference_cache() -> Path:
+    """Where references are cached: ``$DPSBI_CACHE``, else ``~/.cache/dpsbi/references``, as
+    dpsbi/configs/config.yaml does."""
+    return Path(os.environ.get("DPSBI_CACHE") or Path("~/.cache/dpsbi/references").expanduser())
+
+
 def reference_for(task, task_config: dict, settings: dict | None = None):
     """The task's validated reference posterior with :data:`REFERENCE`'s settings, ``settings`` over them
-    (cached under ``$DPSBI_CACHE``, else ``~/.cache/dpsbi/references``, as dpsbi/configs/config.yaml does)."""
-    cache = os.environ.get("DPSBI_CACHE") or Path("~/.cache/dpsbi/references").expanduser()
+    (cached, :func:`reference_cache`)."""
     return reference_posterior(
-        task, task_config, cache_dir=Path(cache), seed=0, progress=False, **{**REFERENCE, **(settings or {})}
+        task,
+        task_config,
+        cache_dir=reference_cache(),
+        seed=0,
+        progress=False,
+        **{**REFERENCE, **(settings or {})},
     )
 
 

@@ -8,7 +8,8 @@ from frontier import reference_for
 TINY = {"importance_particles": 500, "importance_draws": 20_000}
 
 
-def test_regression_references_follow_the_release():
+def test_regression_references_follow_the_release(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPSBI_CACHE", str(tmp_path))
     arguments, _, _ = amortized_check.TASKS["regression"]
     task = amortized_check.load({**arguments, "y_obs": None}, 10.0)  # the stored release at epsilon 10
     stored = reference_for(task, {"name": "regression", "epsilon": 10.0}).samples.double()
@@ -22,3 +23,6 @@ def test_regression_references_follow_the_release():
     y = task.simulate_release(zero, generator=torch.Generator().manual_seed(0))[0]
     other = amortized_check.exact_draws(task, arguments, y, 1000, 0, TINY).double()
     assert (other.mean(0) - stored.mean(0)).abs().max() > 1.0
+    # cached by release: a second fit scored there gets the same draws without sampling again
+    assert list(tmp_path.rglob("*.pt"))
+    assert torch.equal(amortized_check.exact_draws(task, arguments, y, 1000, 0, TINY).double(), other)
