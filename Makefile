@@ -47,9 +47,10 @@ lint: setup
 # One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one. The main
 # environment is the newest versions pyproject.toml allows (pip's choice on a fresh `make setup`); then the
 # version-sensitive tests again at the lowest versions and under ArviZ 1.x, the documentation site, and the
-# built wheel as a user installs it.
+# built wheel as a user installs it. The 15 slowest tests are listed at the end of the suite, to keep it within CI's
+# 15 minutes on two cores.
 test: lint
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --durations=15
 	$(MAKE) test-lowest
 	$(MAKE) test-arviz1
 	$(MAKE) docs
