@@ -367,7 +367,7 @@ class SequentialEstimator(abc.ABC):
                 ):
                     self._round_releases[number] = self._round_releases_of(number)
             y = torch.cat([self._round_releases[number] for number in numbers])
-            self._training_releases = (n, TrainingReleases.of(y))
+            self._training_releases = (n, TrainingReleases.of(y, self._release_bounds()))
         return self._training_releases[1]
 
     @torch.no_grad()
@@ -695,7 +695,14 @@ class SequentialEstimator(abc.ABC):
             inputs, context = self.flow_data(
                 self.space.to_z(self.data["theta"]), self.data["s"], generator, self.data.get("epsilon")
             )
-            return ConditionalFlow(self.flow_settings, inputs, context, self._epsilon_context)
+            bounds = self._release_bounds()
+            return ConditionalFlow(self.flow_settings, inputs, context, self._epsilon_context, bounds)
+
+    def _release_bounds(self) -> Tensor | None:
+        """``(2, dim_s)``: what a posterior flow clamps releases to (FlowSettings ``clamp_release``,
+        :meth:`~dpsbi.tasks.Task.release_bounds`), or ``None``."""
+        clamps = self.release_is_context and self.flow_settings.clamp_release
+        return self.task.release_bounds() if clamps else None
 
     @property
     def _epsilon_context(self) -> bool:

@@ -74,7 +74,11 @@ class FlowSettings(Settings):
     (the default) z-scores each release by the training releases drawn at its own epsilon
     (:class:`~dpsbi.inference.epsilon_scaling.EpsilonStandardize`), ``"global"`` by all of them at once (what files
     written before it existed hold), ``"both"`` gives the flow the two side by side. Measured in docs/RESULTS.md
-    ("Why the narrow end fell short"). Other flows z-score their context globally whatever it says."""
+    ("Why the narrow end fell short"). Other flows z-score their context globally whatever it says.
+
+    ``clamp_release``: a posterior flow clamps each release coordinate to the task's
+    :meth:`~dpsbi.tasks.Task.release_bounds` before anything else (where the mechanism's noise makes that lossless:
+    the exact posterior is the same), in training and in inference; files written before it existed did not."""
 
     label: ClassVar[str] = "flow"
     transforms: int = 8
@@ -85,6 +89,7 @@ class FlowSettings(Settings):
     embedding: str | nn.Module | None = None
     backend: str = "dpsbi"
     release_scaling: str = "per_epsilon"
+    clamp_release: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -114,9 +119,11 @@ class FlowSettings(Settings):
 
     @classmethod
     def recorded(cls, record: dict) -> FlowSettings:
-        """The settings a file or checkpoint recorded; those written before ``backend`` existed used nflows, and
-        before ``release_scaling`` existed global z-scoring."""
-        return cls.coerce({"backend": "nflows", "release_scaling": "global", **record})
+        """The settings a file or checkpoint recorded; those written before ``backend`` existed used nflows,
+        before ``release_scaling`` existed global z-scoring, before ``clamp_release`` no clamping."""
+        return cls.coerce(
+            {"backend": "nflows", "release_scaling": "global", "clamp_release": False, **record}
+        )
 
     def to_dict(self) -> dict:
         """The settings as JSON values (an embedding module as its description, :func:`describe_embedding`)."""
@@ -139,13 +146,20 @@ class ConditionalFlow(nn.Module):
     Built from example batches ``inputs (n, dim)`` and ``context (n, context_dim)``, whose per-dimension means
     and standard deviations z-score ``x`` (a first affine layer, so densities stay those of ``x``) and ``c``
     (before the embedding). ``epsilon_context``: the context is a release with ``log epsilon`` as its last
-    column, z-scored as ``config.release_scaling`` says. The statistics are buffers: they are part of the
+    column, z-scored as ``config.release_scaling`` says. ``release_bounds (2, k)``: with ``config.clamp_release``,
+    the first ``k`` columns of the context (the release) are clamped to them first (buffers ``clamp_low``,
+    ``clamp_high`` of ``context_dim``, unbounded where nothing is clamped; present whenever ``clamp_release`` is). The statistics are buffers: they are part of the
     ``state_dict`` and come back with it. ``config.backend`` picks the layers: ``"dpsbi"`` (:class:`~dpsbi.inference.spline_flow.SplineFlow`,
     no host synchronization) or ``"nflows"`` (sbi's ``build_nsf``, the flows of files written before).
     """
 
     def __init__(
-        self, config: FlowSettings, inputs: Tensor, context: Tensor, epsilon_context: bool = False
+        self,
+        config: FlowSettings,
+        inputs: Tensor,
+        context: Tensor,
+        epsilon_context: bool = False,
+        release_bounds: Tensor | None = None,
     ) -> None:
         super().__init__()
         if inputs.ndim != 2 or context.ndim != 2 or len(inputs) != len(context) or len(inputs) < 2:
@@ -155,6 +169,9 @@ class ConditionalFlow(nn.Module):
             )
         self.config, self.epsilon_context = config, bool(epsilon_context)
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
+        if config.clamp_release:
+            self._register_clamp(release_bounds)
+            context = self._clamped(context)
         # built in torch's default dtype: wider examples (float64 counts) only set the z-scoring constants
         inputs, context = inputs.to(torch.get_default_dtype()), context.to(torch.get_default_dtype())
         try:
@@ -185,6 +202,23 @@ class ConditionalFlow(nn.Module):
                 f"flow embedding {name} does not map the flow's context "
                 f"(n, {self.context_dim}) to (n, features): {error}"
             ) from None
+
+    def _register_clamp(self, release_bounds: Tensor | None) -> None:
+        """The buffers ``clamp_low``, ``clamp_high`` ``(context_dim,)`` (float64): ``release_bounds (2, k)`` over the
+        first ``k`` columns, float64's largest magnitude elsewhere and for infinite bounds (files hold finite
+        numbers only; in a float32 context it is infinite)."""
+        huge = torch.finfo(torch.float64).max
+        bounds = torch.tensor([[-huge], [huge]], dtype=torch.float64).repeat(1, self.context_dim)
+        if release_bounds is not None:
+            bounds[:, : release_bounds.shape[-1]] = release_bounds.to(torch.float64).clamp(-huge, huge)
+        self.register_buffer("clamp_low", bounds[0].clone())
+        self.register_buffer("clamp_high", bounds[1].clone())
+
+    def _clamped(self, context: Tensor) -> Tensor:
+        """``context (..., context_dim)`` clamped to the buffers (in its own dtype), where ``clamp_release``."""
+        if not self.config.clamp_release:
+            return context
+        return torch.clamp(context, self.clamp_low.to(context.dtype), self.clamp_high.to(context.dtype))
 
     @classmethod
     def blank(
@@ -247,7 +281,7 @@ class ConditionalFlow(nn.Module):
     def _embed(self, context: Tensor) -> Tensor:
         """The embedded context ``(n, features)`` of ``context (n, context_dim)``: its z-scoring (the first module
         of the embedding) in the context's own precision, the rest in the flow's :attr:`dtype`."""
-        net = self.context_net
+        net, context = self.context_net, self._clamped(context)
         if not isinstance(net, nn.Sequential) or len(net) == 0:
             return net(context.to(self.dtype))
         embedded = _z_scored(net[0], context, self.dtype).to(self.dtype)

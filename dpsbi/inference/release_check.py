@@ -59,7 +59,9 @@ class Outside:
 class TrainingReleases:
     """The statistics of ``count`` training releases of ``d`` coordinates that the release check needs (module
     docstring): per coordinate ``low``, ``high`` (range), ``mean``, ``sd``; the whitening ``whiten (d, d)``; the
-    limits ``coordinate_limit`` and ``distance_limit``. CPU float64 tensors; :meth:`of` computes them."""
+    limits ``coordinate_limit`` and ``distance_limit``. CPU float64 tensors; :meth:`of` computes them.
+    ``clamp (2, d)``: the bounds the flow clamps releases to (:meth:`~dpsbi.tasks.Task.release_bounds`), applied
+    to the training releases and to every checked release first, so that the check sees what the flow sees."""
 
     count: int
     low: Tensor
@@ -69,13 +71,18 @@ class TrainingReleases:
     whiten: Tensor
     coordinate_limit: float
     distance_limit: float
+    clamp: Tensor | None = None
 
     @classmethod
     @torch.no_grad()
-    def of(cls, releases: Tensor) -> TrainingReleases:
-        """The statistics of ``releases (n, d)``, n >= 2, computed on their device in float64 (one transfer of
-        the results to the CPU at the end)."""
+    def of(cls, releases: Tensor, clamp: Tensor | None = None) -> TrainingReleases:
+        """The statistics of ``releases (n, d)``, n >= 2, clamped to ``clamp (2, d)`` where given, computed on
+        their device in float64 (one transfer of the results to the CPU at the end)."""
         y = releases.detach().double() if releases.device.type != "mps" else releases.detach().cpu().double()
+        if clamp is not None:  # infinite bounds as float64's largest: files hold finite numbers
+            huge = torch.finfo(torch.float64).max
+            clamp = clamp.detach().cpu().double().clamp(-huge, huge)
+            y = y.clamp(clamp[0].to(y.device), clamp[1].to(y.device))
         fit, calibration = y[0::2], y[1::2]
         mean, sd = fit.mean(0), fit.std(0, correction=0)
         sd = torch.where(sd > 0, sd, torch.ones_like(sd))
@@ -96,11 +103,15 @@ class TrainingReleases:
             whiten=whiten.cpu(),
             coordinate_limit=float(limits[0]),
             distance_limit=float(limits[1]),
+            clamp=clamp,
         )
 
     def outside(self, y: Tensor) -> Outside:
-        """Where the releases ``y (B, d)`` lie outside the training releases."""
-        z = (y.detach().cpu().double() - self.mean) / self.sd
+        """Where the releases ``y (B, d)`` (clamped as the training releases were) lie outside the training releases."""
+        y = y.detach().cpu().double()
+        if self.clamp is not None:
+            y = y.clamp(self.clamp[0], self.clamp[1])
+        z = (y - self.mean) / self.sd
         w = z @ self.whiten
         distance = w.norm(dim=-1)
         return Outside(z.abs() > self.coordinate_limit, distance > self.distance_limit, z, w, distance)
@@ -142,9 +153,14 @@ class TrainingReleases:
         from the training mean in training sds; else the Mahalanobis distance against its limit."""
         prefix = f"row {b}: " if y.shape[0] > 1 else ""
         flagged = outside.coordinates[b].nonzero().flatten().tolist()
+        seen = y if self.clamp is None else y.clamp(self.clamp[0], self.clamp[1])
+        clamped = [
+            f", clamped to {float(seen[b, j]):.4g}" if seen[b, j] != y[b, j] else ""
+            for j in range(y.shape[1])
+        ]
         if flagged:
             return prefix + ", ".join(
-                f"{names[j]} = {float(y[b, j]):.4g} (training releases span [{float(self.low[j]):.4g}, "
+                f"{names[j]} = {float(y[b, j]):.4g}{clamped[j]} (training releases span [{float(self.low[j]):.4g}, "
                 f"{float(self.high[j]):.4g}]; {float(outside.z[b, j].abs()):.3g} sds from their mean, where "
                 f"they reach {self.coordinate_limit:.3g})"
                 for j in flagged
@@ -165,14 +181,17 @@ class TrainingReleases:
             "whiten": self.whiten.tolist(),
             "coordinate_limit": self.coordinate_limit,
             "distance_limit": self.distance_limit,
+            "clamp": None if self.clamp is None else self.clamp.tolist(),
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainingReleases:
-        """The inverse of :meth:`to_dict`."""
+        """The inverse of :meth:`to_dict` (``clamp`` absent from files written before it existed)."""
         tensors = {
             k: torch.tensor(data[k], dtype=torch.float64) for k in ("low", "high", "mean", "sd", "whiten")
         }
+        clamp = data.get("clamp")
+        tensors["clamp"] = None if clamp is None else torch.tensor(clamp, dtype=torch.float64)
         return cls(
             count=int(data["count"]),
             coordinate_limit=float(data["coordinate_limit"]),

@@ -177,6 +177,18 @@ class Mechanism(abc.ABC):
         integer blocks)."""
         return (self.lattice,) * self.dim
 
+    #: Whether a release coordinate below (above) every value its statistic can take says no more than one at
+    #: that bound: true of noise whose log density is linear in ``|y - s|`` (Laplace, discrete Laplace), where
+    #: ``eta(y | s)`` for ``y <= low <= s`` is ``eta(low | s)`` times a constant. The posterior flows then clamp
+    #: such coordinates to the task's ``statistic_bounds`` (:meth:`~dpsbi.tasks.Task.release_bounds`).
+    clamp_lossless: bool = False
+
+    @property
+    def clamps_lossless(self) -> tuple[bool, ...]:
+        """:attr:`clamp_lossless` of each release coordinate: ``dim`` entries (a
+        :class:`~dpsbi.mechanisms.Composition` gives each block's)."""
+        return (self.clamp_lossless,) * self.dim
+
     def __init__(self, dim: int, epsilon: float, delta: float = 0.0) -> None:
         self.dim = check_integer("dim", dim)
         self.epsilon = check_positive("epsilon", epsilon)

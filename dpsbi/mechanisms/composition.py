@@ -125,6 +125,10 @@ class Composition(Mechanism):
         return tuple(h for m in self.blocks for h in m.lattices)
 
     @property
+    def clamps_lossless(self) -> tuple[bool, ...]:
+        return tuple(c for m in self.blocks for c in m.clamps_lossless)
+
+    @property
     def lattice(self) -> float | None:
         spacings = set(self.lattices)
         return spacings.pop() if len(spacings) == 1 else None

@@ -344,6 +344,7 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
     """
 
     lattice = 1.0
+    clamp_lossless = True
 
     def __init__(self, epsilon: float, sensitivity: float, dim: int = 1) -> None:
         super().__init__(dim, epsilon)

@@ -36,6 +36,7 @@ class Laplace(AdditiveNoise, Mechanism):
 
     #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
     batched_epsilon = True
+    clamp_lossless = True
 
     def __init__(
         self, epsilon: float, sensitivity: float | tuple[float, ...], dim: int | None = None

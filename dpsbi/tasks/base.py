@@ -35,6 +35,12 @@ class Task:
     release (the columns of ``dpsbi-sample --releases``, the coordinates its warnings name), default to
     :func:`default_release_names` (``y0, ..., y{dim_s - 1}``). The release, the true parameter and the names are
     checked at construction (:meth:`validate`); ``y_obs`` is kept as ``(n, dim_s)``.
+
+    ``statistic_bounds``: where known, the range ``(low, high)`` of the statistic behind each release coordinate
+    (two sequences of ``dim_s`` numbers, ``-inf`` / ``inf`` where unbounded; e.g. ``(0, 1)`` for proportions),
+    held as a ``(2, dim_s)`` float64 tensor; simulated statistics outside it are an error. Where the mechanism
+    loses nothing by it (:attr:`~dpsbi.mechanisms.Mechanism.clamp_lossless`), posterior flows clamp releases to it
+    (:meth:`release_bounds`), so that a release with one far noise draw reaches the flow as one it has seen.
     """
 
     name: str
@@ -56,6 +62,7 @@ class Task:
     #: ``{"name", "kwargs"}`` that rebuild it with :func:`dpsbi.tasks.load` (set by ``load``; saved posteriors use it).
     spec: dict | None = None
     release_names: list[str] = field(default_factory=list)
+    statistic_bounds: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:
@@ -64,6 +71,8 @@ class Task:
         if not self.release_names and isinstance(self.mechanism, Mechanism):
             self.release_names = default_release_names(self.dim_s)
         self.release_names = list(self.release_names)
+        if self.statistic_bounds is not None:
+            self.statistic_bounds = torch.as_tensor(self.statistic_bounds, dtype=torch.float64).clone()
         self.validate()
         if self.y_obs is not None:  # held in the mechanism's dtype (float64 for counts)
             self.y_obs = self.check_release(self.y_obs).to(self.mechanism.dtype)
@@ -109,10 +118,30 @@ class Task:
         ):
             if problem:
                 raise ValueError(f"task {self.name!r}: {problem}")
+        bounds = self.statistic_bounds
+        if bounds is not None and (
+            bounds.shape != (2, self.dim_s) or bounds.isnan().any() or not (bounds[0] < bounds[1]).all()
+        ):
+            raise ValueError(
+                f"task {self.name!r}: statistic_bounds must be (low, high), each {self.dim_s} numbers with low < high, "
+                f"got {bounds.tolist()}"
+            )
         if self.y_obs is not None:
             self.check_release(self.y_obs)
         if self.true_theta is not None:
             self.check_theta(self.true_theta)
+
+    def release_bounds(self) -> Tensor | None:
+        """``(2, dim_s)`` float64: the bounds each release coordinate can be clamped to without changing any
+        posterior (:attr:`statistic_bounds` where the mechanism's noise allows it,
+        :attr:`~dpsbi.mechanisms.Mechanism.clamps_lossless`; ``-inf`` / ``inf`` elsewhere), or ``None`` where that
+        leaves nothing to clamp."""
+        if self.statistic_bounds is None:
+            return None
+        lossless = torch.tensor(self.mechanism.clamps_lossless).unsqueeze(0)
+        infinite = torch.tensor([[-math.inf], [math.inf]], dtype=torch.float64)
+        bounds = torch.where(lossless, self.statistic_bounds, infinite)
+        return bounds if bounds.isfinite().any() else None
 
     @property
     def dim_theta(self) -> int:
@@ -158,6 +187,18 @@ class Task:
             raise RuntimeError(
                 f"task {self.name!r}: {source} NaN/inf for theta rows {rows}, e.g. theta={theta[rows[0]].tolist()}"
             )
+        if self.statistic_bounds is not None and s.shape[-1] == self.dim_s:
+            low, high = self.statistic_bounds.to(s)
+            slack = (
+                64 * torch.finfo(s.dtype).eps * (1 + self.statistic_bounds.abs().to(s))
+            )  # a sum's rounding
+            outside = ((s < low - slack[0]) | (s > high + slack[1])).any(-1)
+            if outside.any():
+                row = int(outside.nonzero()[0, 0])
+                raise RuntimeError(
+                    f"task {self.name!r}: {source} statistics outside statistic_bounds for theta rows "
+                    f"{outside.nonzero().flatten()[:5].tolist()}, e.g. {s[row].tolist()} (bounds {self.statistic_bounds.tolist()})"
+                )
         try:
             self.mechanism.check_input(s)
         except ValueError as error:

@@ -255,6 +255,7 @@ def from_simulator(
     workers: int | None = None,
     chunk_size: int = CHUNK_SIZE,
     description: str = "",
+    statistic_bounds=None,
 ) -> Task:
     """A :class:`Task` for your own model, checked before any real simulation.
 
@@ -282,6 +283,11 @@ def from_simulator(
       (simulation studies); ``parameter_names``: one per coordinate (default ``theta_1..theta_d``);
       ``release_names``: one per coordinate of the release (default ``y0..y{dim_s - 1}``), the column names of
       ``dpsbi-sample --releases`` and the coordinates its warnings name.
+    - ``statistic_bounds``: ``(low, high)``, the range of the statistic behind each release coordinate where
+      the data's bounds give one (a clamped mean's ``[a, b]``, a proportion's ``[0, 1]``, a count's
+      ``[0, inf]``); a simulated statistic outside it is an error. With Laplace noise, posterior flows clamp
+      releases to it, which changes no exact posterior and spares the flow releases it has never seen
+      (:meth:`Task.release_bounds`).
 
     Every input is checked at once and a ``ValueError`` lists each problem on its own line: a release of
     the wrong length, with NaN/inf or outside the mechanism's support; a prior that is not over vectors, is
@@ -332,6 +338,7 @@ def from_simulator(
         parameter_names=parameter_names,
         description=description,
         release_names=list(release_names or []),
+        statistic_bounds=statistic_bounds,
     )
 
 

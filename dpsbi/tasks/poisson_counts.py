@@ -111,5 +111,6 @@ def make(
         transform=ExpTransform(),
         parameter_names=["theta"],
         exact_posterior=lambda y: exact_posterior(y, epsilon, shape, rate),
+        statistic_bounds=[[0.0], [math.inf]],  # a count
         description=f"Gong (Ex. 4): Poisson count with {noise.replace('_', ' ')} noise; exact posterior is a Gamma mixture.",
     )

@@ -33,6 +33,9 @@ STATISTIC_NAMES = [
     "X'X[2,2]",
 ]
 
+#: The statistic's range: records rescaled to [-1, 1], so means of products in [-1, 1], of squares in [0, 1].
+STATISTIC_BOUNDS = [[-1.0, -1.0, -1.0, 0.0, -1.0, -1.0, 0.0, -1.0, 0.0], [1.0] * 9]
+
 
 def sufficient_statistic(x: Tensor, y: Tensor, bound: float = 10.0) -> Tensor:
     """The 9-dim statistic of records ``x (B, n, p=2)`` and ``y (B, n)``, clamped to ``[-bound, bound]`` and
@@ -92,5 +95,6 @@ def make(
         true_theta=theta_true,
         s_obs=torch.tensor([S_OBS], dtype=dtype) / n if paper_setting and y_obs is None else None,
         parameter_names=["beta_0", "beta_1", "beta_2"],
+        statistic_bounds=STATISTIC_BOUNDS,
         description="Bayesian linear regression, n=100, p=2, Laplace-noised sufficient statistics.",
     )
