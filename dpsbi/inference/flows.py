@@ -204,13 +204,14 @@ class ConditionalFlow(nn.Module):
             ) from None
 
     def _register_clamp(self, release_bounds: Tensor | None) -> None:
-        """The buffers ``clamp_low``, ``clamp_high`` ``(context_dim,)`` (float64): ``release_bounds (2, k)`` over the
-        first ``k`` columns, float64's largest magnitude elsewhere and for infinite bounds (files hold finite
-        numbers only; in a float32 context it is infinite)."""
-        huge = torch.finfo(torch.float64).max
-        bounds = torch.tensor([[-huge], [huge]], dtype=torch.float64).repeat(1, self.context_dim)
+        """The buffers ``clamp_low``, ``clamp_high`` ``(context_dim,)`` in torch's default dtype (as the flow's
+        weights, so that they move to any device): ``release_bounds (2, k)`` over the first ``k`` columns, the
+        dtype's largest magnitude elsewhere and for infinite bounds (files hold finite numbers only)."""
+        dtype = torch.get_default_dtype()
+        huge = torch.finfo(dtype).max
+        bounds = torch.tensor([[-huge], [huge]], dtype=dtype).repeat(1, self.context_dim)
         if release_bounds is not None:
-            bounds[:, : release_bounds.shape[-1]] = release_bounds.to(torch.float64).clamp(-huge, huge)
+            bounds[:, : release_bounds.shape[-1]] = release_bounds.clamp(-huge, huge).to(dtype)
         self.register_buffer("clamp_low", bounds[0].clone())
         self.register_buffer("clamp_high", bounds[1].clone())
 
