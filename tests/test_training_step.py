@@ -39,7 +39,7 @@ def _fitted(method: str, task_name: str, rounds: int = 1, **kwargs):
     options.pop("inner_samples") if method == "NaiveNPE" else None
     if method == "NaiveNPE":
         options.pop("sims_per_round")
-    estimator = getattr(dpsbi, method)(task, **{**options, **kwargs})
+    estimator = getattr(dpsbi, method)(task, **options, **kwargs)
     estimator.run()
     return estimator
 
@@ -74,15 +74,6 @@ def test_the_combined_loss_needs_atomic_rounds():
 
 def test_the_epsilon_conditioned_step_traces_whole(step_traces_whole):
     step_traces_whole(_fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0)), 0)
-
-
-def test_the_conditional_affine_step_traces_whole(step_traces_whole):
-    step_traces_whole(_fitted("SPPE", "regression", flow={**TINY["flow"], "conditional_affine": True}), 0)
-
-
-def test_conditional_affine_needs_the_sync_free_flow():
-    with pytest.raises(ValueError, match="conditional_affine needs backend 'dpsbi'"):
-        FlowSettings(backend="nflows", conditional_affine=True)
 
 
 def test_the_sync_free_flow_traces_whole_in_sampling():
@@ -121,19 +112,16 @@ def test_a_training_step_on_cuda_never_synchronizes(method):
     assert not syncs, syncs[:3]
 
 
-@pytest.mark.parametrize(
-    "dim, context_dim, affine", [(1, 1, False), (2, 3, False), (5, 8, False), (1, 1, True), (2, 3, True)]
-)
-def test_the_sync_free_flow_is_a_normalized_invertible_density(dim, context_dim, affine):
+@pytest.mark.parametrize("dim, context_dim", [(1, 1), (2, 3), (5, 8)])
+def test_the_sync_free_flow_is_a_normalized_invertible_density(dim, context_dim):
     """float64: sample inverts log_prob's map to the noise, and log_prob integrates to 1 (1D grid, and the
-    change of variables on a 2D grid), with and without the context's shift and scale (``conditional_affine``)."""
+    change of variables on a 2D grid)."""
     torch.manual_seed(0)
     x, c = (
         torch.randn(50, dim, dtype=torch.float64) * 3 + 1,
         torch.randn(50, context_dim, dtype=torch.float64),
     )
-    settings = FlowSettings(transforms=3, hidden=16, conditional_affine=affine)
-    flow = dpsbi.inference.ConditionalFlow(settings, x, c).double()
+    flow = dpsbi.inference.ConditionalFlow(FlowSettings(transforms=3, hidden=16), x, c).double()
     with torch.no_grad():  # a non-trivial flow
         for p in flow.parameters():
             p.add_(0.2 * torch.randn_like(p))

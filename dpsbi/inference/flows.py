@@ -76,9 +76,6 @@ class FlowSettings(Settings):
     written before it existed hold), ``"both"`` gives the flow the two side by side. Measured in docs/RESULTS.md
     ("Why the narrow end fell short"). Other flows z-score their context globally whatever it says.
 
-    ``conditional_affine`` (backend ``"dpsbi"``): a first layer that shifts and scales each coordinate by the
-    context before the splines (:class:`~dpsbi.inference.spline_flow.ContextAffine`).
-
     ``clamp_release``: a posterior flow clamps each release coordinate to the task's
     :meth:`~dpsbi.tasks.Task.release_bounds` before anything else (where the mechanism's noise makes that lossless:
     the exact posterior is the same), in training and in inference; files written before it existed did not."""
@@ -93,13 +90,8 @@ class FlowSettings(Settings):
     backend: str = "dpsbi"
     release_scaling: str = "per_epsilon"
     clamp_release: bool = True
-    conditional_affine: bool = False
 
     def __post_init__(self) -> None:
-        if self.conditional_affine and self.backend != "dpsbi":
-            raise ValueError(
-                "flow conditional_affine needs backend 'dpsbi' (nflows' flows have no such layer)"
-            )
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown flow backend {self.backend!r}; one of {BACKENDS}")
         if self.release_scaling not in RELEASE_SCALINGS:

@@ -3,8 +3,7 @@ main paper's) built from zuko's rational-quadratic spline, whose bins are found 
 and whose tails are a ``torch.where``, so that ``log_prob``, ``sample`` and their gradients never wait for the
 device and trace whole with ``torch.compile(fullgraph=True)``.
 
-Layers, from the data to the base noise: the z-scoring of the data, with ``conditional_affine`` a shift and scale
-of each coordinate given by the context (:class:`ContextAffine`), then ``transforms`` times a coupling spline
+Layers, from the data to the base noise: the z-scoring of the data, then ``transforms`` times a coupling spline
 (alternating halves) followed by an LU-factorized linear map (when ``dim > 1``); the base is a standard normal.
 Each coupling's conditioner is a residual net (``blocks`` blocks of ``hidden`` ReLU units, gated by the context
 as in nflows' ``ResidualNet``) of the untouched half and the context; for ``dim = 1`` it sees the context only.
@@ -87,36 +86,6 @@ class CouplingSpline(nn.Module):
         return y.index_copy(-1, self.transformed, spline.inv(part))
 
 
-class ContextAffine(nn.Module):
-    """``y = (x - m(h)) exp(-a(h))`` per coordinate, ``m`` and ``a`` from the features ``h`` by a net of two hidden
-    layers of ``hidden`` ReLU units whose last layer starts at zero (the identity); ``a`` is kept in ``(-6, 6)``
-    by a soft clamp. It moves and scales the posterior with the release before the splines shape it."""
-
-    def __init__(self, dim: int, context_features: int, hidden: int) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(context_features, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, 2 * dim),
-        )
-        nn.init.zeros_(self.net[-1].weight)
-        nn.init.zeros_(self.net[-1].bias)
-
-    def _shift_and_log_scale(self, context: Tensor) -> tuple[Tensor, Tensor]:
-        shift, raw = self.net(context).chunk(2, -1)
-        return shift, 6 * torch.tanh(raw / 6)
-
-    def forward(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
-        shift, log_scale = self._shift_and_log_scale(context)
-        return (x - shift) * torch.exp(-log_scale), -log_scale.sum(-1)
-
-    def inverse(self, y: Tensor, context: Tensor) -> Tensor:
-        shift, log_scale = self._shift_and_log_scale(context)
-        return y * torch.exp(log_scale) + shift
-
-
 class LULinear(nn.Module):
     """``y = x W' + b`` with ``W = L U`` (``L`` unit lower-triangular, ``U`` upper-triangular with a softplus
     diagonal), initialized at the identity as nflows' ``LULinear``."""
@@ -150,15 +119,13 @@ class SplineFlow(nn.Module):
     """A density ``q(x | h)`` over ``x (n, dim)`` given features ``h (n, context_features)`` (the embedded
     context), with the z-scoring ``mean``, ``std`` of ``x`` as buffers. ``settings``: a
     :class:`~dpsbi.inference.flows.FlowSettings` (``transforms``, ``hidden``, ``blocks``, ``bins``,
-    ``tail_bound``, ``conditional_affine``)."""
+    ``tail_bound``)."""
 
     def __init__(self, dim: int, context_features: int, settings, mean: Tensor, std: Tensor) -> None:
         super().__init__()
         self.register_buffer("mean", mean.reshape(dim).clone())
         self.register_buffer("std", std.reshape(dim).clone())
         layers: list[nn.Module] = []
-        if settings.conditional_affine:
-            layers.append(ContextAffine(dim, context_features, int(settings.hidden)))
         for i in range(int(settings.transforms)):
             transformed = list(range(i % 2, dim, 2)) if dim > 1 else [0]  # nflows' alternating masks
             layers.append(CouplingSpline(dim, transformed, context_features, settings))
