@@ -124,11 +124,12 @@ def spread_summary(spreads: list[dict[str, list[float]]]) -> dict:
 
 def shift_summary(shifts: list[list[float]]) -> dict:
     """The mean errors (``dpsbi.metrics.mean_shift``, in reference sds) of each release and parameter: their mean
-    absolute value, the mean absolute value per parameter, and the largest."""
+    absolute value, the mean absolute value per parameter, the largest per release, and the largest."""
     table = torch.tensor(shifts).abs()  # (releases, parameters)
     return {
         "mean_shift_abs_mean": round(float(table.mean()), 4),
         "mean_shift_abs_by_parameter": [round(v, 4) for v in table.mean(0).tolist()],
+        "mean_shift_abs_by_release": [round(v, 4) for v in table.amax(1).tolist()],
         "mean_shift_abs_worst": round(float(table.max()), 4),
     }
 
