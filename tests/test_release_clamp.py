@@ -56,6 +56,7 @@ def test_only_coordinates_with_laplace_type_noise_are_clamped():
         ([[0.0, 0.0]], "statistic_bounds must be (low, high), each 1 numbers"),
         ([[1.0], [0.0]], "with low < high"),
         ([[0.0], [float("nan")]], "with low < high"),
+        ([[0.0], [1.0, 2.0]], "statistic_bounds must be (low, high), two sequences of numbers"),
     ],
 )
 def test_malformed_bounds_are_refused_in_one_line(bounds, message):

@@ -171,7 +171,7 @@ class ConditionalFlow(nn.Module):
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
         if config.clamp_release:
             self._register_clamp(release_bounds)
-            context = self._clamped(context)
+        context = self._clamped(context)
         # built in torch's default dtype: wider examples (float64 counts) only set the z-scoring constants
         inputs, context = inputs.to(torch.get_default_dtype()), context.to(torch.get_default_dtype())
         try:

@@ -153,14 +153,12 @@ class TrainingReleases:
         from the training mean in training sds; else the Mahalanobis distance against its limit."""
         prefix = f"row {b}: " if y.shape[0] > 1 else ""
         flagged = outside.coordinates[b].nonzero().flatten().tolist()
-        seen = y if self.clamp is None else y.clamp(self.clamp[0], self.clamp[1])
-        clamped = [
-            f", clamped to {float(seen[b, j]):.4g}" if seen[b, j] != y[b, j] else ""
-            for j in range(y.shape[1])
-        ]
+        seen = y[b] if self.clamp is None else y[b].clamp(self.clamp[0], self.clamp[1])
         if flagged:
             return prefix + ", ".join(
-                f"{names[j]} = {float(y[b, j]):.4g}{clamped[j]} (training releases span [{float(self.low[j]):.4g}, "
+                f"{names[j]} = {float(y[b, j]):.4g}"
+                + (f", clamped to {float(seen[j]):.4g}" if seen[j] != y[b, j] else "")
+                + f" (training releases span [{float(self.low[j]):.4g}, "
                 f"{float(self.high[j]):.4g}]; {float(outside.z[b, j].abs()):.3g} sds from their mean, where "
                 f"they reach {self.coordinate_limit:.3g})"
                 for j in flagged

@@ -72,7 +72,13 @@ class Task:
             self.release_names = default_release_names(self.dim_s)
         self.release_names = list(self.release_names)
         if self.statistic_bounds is not None:
-            self.statistic_bounds = torch.as_tensor(self.statistic_bounds, dtype=torch.float64).clone()
+            try:
+                self.statistic_bounds = torch.as_tensor(self.statistic_bounds, dtype=torch.float64).clone()
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(
+                    f"task {self.name!r}: statistic_bounds must be (low, high), two sequences of numbers, "
+                    f"got {self.statistic_bounds!r}"
+                ) from None
         self.validate()
         if self.y_obs is not None:  # held in the mechanism's dtype (float64 for counts)
             self.y_obs = self.check_release(self.y_obs).to(self.mechanism.dtype)
@@ -194,10 +200,10 @@ class Task:
             )  # a sum's rounding
             outside = ((s < low - slack[0]) | (s > high + slack[1])).any(-1)
             if outside.any():
-                row = int(outside.nonzero()[0, 0])
+                rows = outside.nonzero().flatten()[:5].tolist()
                 raise RuntimeError(
-                    f"task {self.name!r}: {source} statistics outside statistic_bounds for theta rows "
-                    f"{outside.nonzero().flatten()[:5].tolist()}, e.g. {s[row].tolist()} (bounds {self.statistic_bounds.tolist()})"
+                    f"task {self.name!r}: {source} statistics outside statistic_bounds for theta rows {rows}, "
+                    f"e.g. {s[rows[0]].tolist()} (bounds {self.statistic_bounds.tolist()})"
                 )
         try:
             self.mechanism.check_input(s)
