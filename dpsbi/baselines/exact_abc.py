@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
+from ..mechanisms.base import Mechanism
 from ..seeds import check_seed
 from ..tasks import Task
 from .result import BaselineResult
@@ -78,18 +79,29 @@ def kish_ess(weights: Tensor) -> float:
 
 
 def mechanism_log_weights(
-    task: Task, theta: Tensor, log_ratio: Tensor, y: Tensor, power: float = 1.0
+    task: Task,
+    theta: Tensor,
+    log_ratio: Tensor,
+    y: Tensor,
+    power: float = 1.0,
+    mechanism: Mechanism | None = None,
+    repeats: int = 1,
 ) -> Tensor:
-    """``log_ratio + power * log eta(y | s)`` with ``s ~ simulate(theta)``, shape ``(n,)``.
+    """``log_ratio + power * log mean_r eta(y | s_r)`` with ``repeats`` simulations ``s_r ~ simulate(theta)``,
+    shape ``(n,)``: the mean is an unbiased estimate of the likelihood ``E[eta(y | s) | theta]``, less noisy with
+    more repeats.
 
     ``log_ratio (n,)`` is the importance ratio ``log prior - log proposal`` of ``theta (n, dim_theta)``;
     rows where it is ``-inf`` (outside the prior's support) are not simulated and keep weight zero.
+    ``mechanism``: ``eta`` (default: the task's).
     """
+    mechanism = task.mechanism if mechanism is None else mechanism
     inside = torch.isfinite(log_ratio)
     log_w = torch.full_like(log_ratio, -math.inf)
     if inside.any():
-        s = task.simulate(theta[inside])
-        log_w[inside] = log_ratio[inside] + power * task.mechanism.log_prob(y, s).to(log_ratio)
+        s = task.simulate(theta[inside].repeat(repeats, 1))
+        log_eta = mechanism.log_prob(y, s).to(log_ratio).reshape(repeats, -1)
+        log_w[inside] = log_ratio[inside] + power * (torch.logsumexp(log_eta, 0) - math.log(repeats))
     return log_w
 
 
@@ -104,6 +116,15 @@ def budget_error(
         f"{wanted} draws accepted (acceptance rate {rate:.3g}); {needed} simulations would be needed: raise "
         "max_simulations, or use importance sampling / SMC with a proposal closer to the posterior"
     )
+
+
+def _at_epsilon(task: Task, epsilon: float, method: str) -> Mechanism:
+    """The task's mechanism re-calibrated at ``epsilon``; a ``ValueError`` naming the family that cannot be."""
+    if not callable(getattr(task.mechanism, "with_epsilon", None)):
+        raise ValueError(
+            f"{method}: {task.mechanism!r} has no with_epsilon, so epsilon= cannot re-calibrate it"
+        )
+    return task.mechanism.with_epsilon(float(epsilon))
 
 
 def _check_counts(**counts: int) -> None:
@@ -160,19 +181,31 @@ def abc_is(
     batch_size: int = 100_000,
     seed: int | None = None,
     progress: bool = True,
+    epsilon: float | None = None,
+    simulations_per_draw: int = 1,
 ) -> BaselineResult:
     """Importance-sampling form of exact ABC (Gong, Sec. 3): ``num_simulations`` weighted draws.
 
     ``theta ~ proposal`` (default: the prior, a Distribution with event shape ``(dim_theta,)``),
     ``s = task.simulate(theta)``, weight ``prior(theta) / proposal(theta) * eta(y | s)``, normalized.
     Proposal draws outside the prior's support get weight zero and are not simulated. ``info`` holds the
-    Kish ESS and the log evidence estimate ``log mean(unnormalized weights)``.
+    Kish ESS and the log evidence estimate ``log mean(unnormalized weights)``. ``simulations_per_draw``: each
+    draw's ``eta(y | s)`` averaged over that many simulations (an unbiased likelihood estimate with less noise,
+    so more ESS per draw where the proposal costs more than the simulator; ``num_simulations`` is then the
+    number of draws, and the result's ``num_simulations`` counts every simulation). ``epsilon``: the release's
+    privacy level where it is not the task's (``eta`` is the task's mechanism re-calibrated by ``with_epsilon``),
+    e.g. to correct an amortized posterior's draws at that level: ``proposal=posterior.proposal(y,
+    epsilon=epsilon)`` (:class:`~dpsbi.inference.proposal.DefensiveProposal`).
     """
     method = "abc_is"
     task.require_mechanism_release(method)
-    _check_counts(num_simulations=num_simulations, batch_size=batch_size)
+    _check_counts(
+        num_simulations=num_simulations, batch_size=batch_size, simulations_per_draw=simulations_per_draw
+    )
     y = target_release(task, y, method)
     proposal = task.prior if proposal is None else proposal
+    batch_size = max(batch_size // simulations_per_draw, 1)
+    mechanism = task.mechanism if epsilon is None else _at_epsilon(task, epsilon, method)
     if tuple(proposal.event_shape) != (task.dim_theta,):
         raise ValueError(
             f"{method}: proposal must have event shape ({task.dim_theta},), got {tuple(proposal.event_shape)}"
@@ -184,8 +217,12 @@ def abc_is(
             theta = proposal.sample((min(batch_size, num_simulations - start),)).to(y)
             log_ratio = log_prior(task, theta) - proposal.log_prob(theta).to(y)
             thetas.append(theta)
-            log_ws.append(mechanism_log_weights(task, theta, log_ratio, y))
-            simulations += int(torch.isfinite(log_ratio).sum())
+            log_ws.append(
+                mechanism_log_weights(
+                    task, theta, log_ratio, y, mechanism=mechanism, repeats=simulations_per_draw
+                )
+            )
+            simulations += int(torch.isfinite(log_ratio).sum()) * simulations_per_draw
             bar.update(theta.shape[0])
     log_w = torch.cat(log_ws)
     weights = normalize(log_w, method)

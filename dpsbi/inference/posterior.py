@@ -27,6 +27,7 @@ from .flows import ConditionalFlow, FlowSettings
 from .losses import dequantized, with_log_epsilon
 from .mcmc import MCMCSettings, resample_init, slice_sample_groups
 from .parameters import ParameterSpace
+from .proposal import DefensiveProposal
 from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .seeding import draw_seed, make_generator
 
@@ -504,6 +505,16 @@ class FlowPosterior(Posterior):
             f"this {self.method} posterior was trained sequentially for task.y_obs; at another release it is "
             "not a valid posterior (train with amortized=True for one valid at every release)"
         )
+
+    def proposal(
+        self, y: Tensor | None = None, *, epsilon: float | None = None, defensive: float = 0.1
+    ) -> DefensiveProposal:
+        """This flow at release ``y`` (default: :attr:`default_x`) and ``epsilon`` mixed with the prior at weight
+        ``defensive``: a torch ``Distribution`` over ``(dim_theta,)`` for importance sampling the exact private
+        posterior, ``dpsbi.baselines.abc_is(task, n, proposal=posterior.proposal(y, epsilon=e), y=y, epsilon=e)``
+        (:mod:`dpsbi.inference.proposal`). The release and epsilon are checked now."""
+        self._conditions(y, epsilon, single=True)
+        return DefensiveProposal(self, y, epsilon, defensive)
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
         """All the base noise ``(n, B, dim)`` first, then mapped chunk by chunk: the chunking changes the draws by
