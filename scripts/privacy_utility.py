@@ -9,11 +9,13 @@ defaults (one torch thread), then
   releases of each parameter's posterior sd and 95 % width (and their spread), ``--draws`` (2000) draws per
   release, one batched call per epsilon;
 - at the task's stored releases at 0.1, 1 and 10: the amortized posterior's sd, width and C2ST against the
-  reference posterior (``dpsbi.experiment.reference.reference_posterior``, scripts/frontier.py's settings).
+  reference posterior (``dpsbi.experiment.reference.reference_posterior``, scripts/frontier.py's settings); with
+  ``--importance N``, also its draws corrected by importance sampling (``dpsbi.baselines.abc_is`` with
+  ``posterior.proposal``: N proposals, 4 simulations each), with their effective sample size.
 
 One JSON line per row is appended to ``--out``; a task already finished in the file is skipped.
 
-``report``: reads those rows and the separate fits (``scripts/frontier.py run --defaults`` rows, whose last
+``report``: reads those rows (from several files: a task's from the last file holding it) and the separate fits (``scripts/frontier.py run --defaults`` rows, whose last
 round's ``sd`` and ``width95`` are the fit's) and draws the figure, sd and width per parameter against epsilon.
 
     .venv/bin/python scripts/privacy_utility.py run --out results/privacy_utility.jsonl
@@ -34,6 +36,7 @@ import torch
 from frontier import read_jsonl, reference_for, spread
 
 import dpsbi
+from dpsbi.baselines import abc_is
 from dpsbi.experiment.config import build_task
 
 RANGE = (0.1, 10.0)
@@ -67,24 +70,39 @@ def curve(task, posterior, releases: int, n: int) -> list[dict]:
     return rows
 
 
-def at_stored(name: str, posterior, n: int, reference_settings: dict) -> list[dict]:
+def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals: int) -> list[dict]:
     """The amortized posterior at the task's stored release at each of :data:`STORED`, ``n`` draws, against as
-    many of the reference's (``reference_settings`` over scripts/frontier.py's)."""
+    many of the reference's (``reference_settings`` over scripts/frontier.py's); with ``proposals``, also its
+    draws corrected by importance sampling (``abc_is`` from ``posterior.proposal``, 4 simulations a draw)."""
     rows = []
     for epsilon in STORED:
         config = {"name": name, "epsilon": epsilon}
         task = build_task(config)
         reference = reference_for(task, config, reference_settings)
-        draws = posterior.sample((n,), y=task.y_obs, epsilon=epsilon, seed=0).cpu()
-        rows.append(
-            {
-                "kind": "amortized at y_obs",
-                "epsilon": epsilon,
-                **spread(draws),
-                "reference": spread(reference.samples),
-                "c2st": round(dpsbi.metrics.c2st(draws, reference.samples[:n], seed=0), 4),
-            }
-        )
+        draws = {"amortized at y_obs": posterior.sample((n,), y=task.y_obs, epsilon=epsilon, seed=0).cpu()}
+        if proposals:
+            began = time.process_time()
+            result = abc_is(
+                task,
+                proposals,
+                proposal=posterior.proposal(task.y_obs, epsilon=epsilon),
+                seed=0,
+                progress=False,
+                simulations_per_draw=4,
+            )
+            draws["corrected at y_obs"] = result.resample(n, torch.Generator().manual_seed(0))
+            extra = {"ess": round(result.ess), "cpu_s": round(time.process_time() - began, 1)}
+        for kind, sample in draws.items():
+            rows.append(
+                {
+                    "kind": kind,
+                    "epsilon": epsilon,
+                    **spread(sample),
+                    "reference": spread(reference.samples),
+                    "c2st": round(dpsbi.metrics.c2st(sample, reference.samples[:n], seed=0), 4),
+                    **(extra if kind == "corrected at y_obs" else {}),
+                }
+            )
     return rows
 
 
@@ -107,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
             "fit_cpu_s": round(time.process_time() - cpu, 1),
         }
         rows = curve(task, posterior, args.releases, args.draws)
-        rows += at_stored(name, posterior, args.draws, args.reference)
+        rows += at_stored(name, posterior, args.draws, args.reference, args.importance)
         rows.append({"kind": "fit", **fit, "done": True})
         with args.out.open("a") as f:
             for row in rows:
@@ -121,7 +139,11 @@ def report(args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_jsonl(args.amortized)
+    latest = {}  # a task's rows come from the last file that holds it
+    for path in args.amortized:
+        for task in {r["task"] for r in read_jsonl(path)}:
+            latest[task] = [r for r in read_jsonl(path) if r["task"] == task]
+    rows = [r for task in latest.values() for r in task]
     separate = [
         r
         for r in read_jsonl(args.separate)
@@ -134,12 +156,14 @@ def report(args: argparse.Namespace) -> None:
         2 * len(tasks), columns, figsize=(3.6 * columns, 5.2 * len(tasks)), squeeze=False
     )
     print(
-        "| task | epsilon | parameter | sd: amortized / separate / reference | 95 % width: amortized / separate / reference |"
+        "| task | epsilon | parameter | sd: amortized / corrected / separate / reference "
+        "| 95 % width: amortized / corrected / separate / reference |"
     )
     print("|---|---|---|---|---|")
     for t, task in enumerate(tasks):
         line = [r for r in rows if r["task"] == task and r["kind"] == "curve"]
         stored = [r for r in rows if r["task"] == task and r["kind"] == "amortized at y_obs"]
+        corrected = {r["epsilon"]: r for r in rows if r["task"] == task and r["kind"] == "corrected at y_obs"}
         fits = {r["epsilon"]: r for r in separate if r["task"] == task}
         for j, parameter in enumerate(names[task]):
             for i, key in enumerate(("sd", "width95")):
@@ -155,6 +179,14 @@ def report(args: argparse.Namespace) -> None:
                     "o",
                     color="C0",
                     label="amortized, stored release",
+                )
+                ax.plot(
+                    list(corrected),
+                    [r[key][j] for r in corrected.values()],
+                    "D",
+                    mfc="none",
+                    color="C2",
+                    label="amortized + importance sampling, stored release",
                 )
                 ax.plot(
                     [r["epsilon"] for r in stored],
@@ -178,12 +210,13 @@ def report(args: argparse.Namespace) -> None:
                     fontsize=9,
                 )
         for r in stored:
-            fit = fits.get(r["epsilon"])
+            fit, fixed = fits.get(r["epsilon"]), corrected.get(r["epsilon"])
             for j, parameter in enumerate(names[task]):
                 cells = [
                     " / ".join(
                         [
                             f"{r[key][j]:.3g}",
+                            f"{fixed[key][j]:.3g}" if fixed else "-",
                             f"{fit[key][j]:.3g}" if fit else "-",
                             f"{r['reference'][key][j]:.3g}",
                         ]
@@ -223,9 +256,17 @@ def main() -> None:
         help="reference settings over scripts/frontier.py's as JSON (a smoke test: "
         "'{\"importance_draws\": 20000}')",
     )
+    r.add_argument(
+        "--importance",
+        type=int,
+        default=0,
+        help="also correct the draws at the stored releases by importance sampling with this many proposals",
+    )
     r.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("report")
-    p.add_argument("amortized", type=Path)
+    p.add_argument(
+        "amortized", type=Path, nargs="+", help="run files; a task's rows from the last holding it"
+    )
     p.add_argument("separate", type=Path)
     p.add_argument("--tasks", nargs="+", default=["regression", "sir"])
     p.add_argument("--figure", type=Path)

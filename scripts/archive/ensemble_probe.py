@@ -1,7 +1,7 @@
 """Does an equal mixture of amortized regression fits (an ensemble) move epsilon 10's posteriors to their place?
 Each member saved by ``scripts/amortized_check.py --posteriors DIR``; scored at that script's 20 epsilon-10
 prior-predictive releases (its ``prior_predictive``, seed 102) against its cached references: each member
-alone, then the mixture of all (``draws // K`` draws of each member). One JSON line per fit or mixture: mean
+alone, then the mixture of all (``draws // K`` draws of each member, each member under its own seed). One JSON line per fit or mixture: mean
 and worst C2ST, mean sd ratio, mean |mean shift| in reference sds. docs/RESULTS.md, "Ensembles".
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/archive/ensemble_probe.py A/regression.pt B/regression.pt C/regression.pt
@@ -46,9 +46,11 @@ at = load(arguments, EPSILON)
 _, y = prior_predictive(at, RELEASES, seed=102)
 exact = [exact_draws(at, arguments, y[i], DRAWS, i, {}) for i in range(RELEASES)]
 members = []
-for path in sys.argv[1:]:
+for k, path in enumerate(sys.argv[1:]):
     posterior = dpsbi.load_posterior(path, task=task)
-    members.append(posterior.sample_batched((DRAWS,), y=y, epsilon=EPSILON, seed=0))
+    # a seed per member: one seed would map the same base noise through every flow, and the mixture would
+    # hold near-copies of each draw, which C2ST tells apart from independent draws
+    members.append(posterior.sample_batched((DRAWS,), y=y, epsilon=EPSILON, seed=k))
     print(json.dumps(score(path, members[-1], exact)), flush=True)
 k = len(members)
 mixture = torch.cat([m[: DRAWS // k] for m in members], 0)
