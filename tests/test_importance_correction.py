@@ -9,6 +9,7 @@ weighted KS test per coordinate, beside the flow's own draws, which the same tol
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from test_baselines_abc import assert_moments, weighted_ks_pvalue
 
 import dpsbi
 from dpsbi.baselines import abc_is
+from dpsbi.inference import ReleaseOutsideTraining
 from dpsbi.inference.proposal import DefensiveProposal
 from dpsbi.tasks import load
 
@@ -110,3 +112,12 @@ def test_bad_settings_are_refused_in_one_line(rough):
         rough.proposal(RELEASE, epsilon=20.0)
     with pytest.raises(ValueError, match="simulations_per_draw"):
         abc_is(rough.task, 10, y=RELEASE, simulations_per_draw=0, progress=False)
+
+
+def test_a_release_outside_training_is_warned_once_not_at_every_batch(rough):
+    far = torch.tensor([[40.0, -40.0]])
+    with pytest.warns(ReleaseOutsideTraining):
+        proposal = rough.proposal(far, epsilon=EPSILON)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        abc_is(rough.task, 500, proposal=proposal, y=far, epsilon=EPSILON, batch_size=200, progress=False)

@@ -13,13 +13,16 @@ size then says how far the flow was from the posterior.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 
 import torch
 from torch import Tensor
 from torch.distributions import Distribution
 
 from ..tasks.base import prior_device
+from .release_check import ReleaseOutsideTraining
 
 
 class DefensiveProposal(Distribution):
@@ -47,15 +50,27 @@ class DefensiveProposal(Distribution):
 
     def sample(self, sample_shape=torch.Size()) -> Tensor:
         shape = torch.Size(sample_shape)
-        flow = self.posterior.sample(shape, y=self.y, epsilon=self.epsilon)
+        with _warned_once():
+            flow = self.posterior.sample(shape, y=self.y, epsilon=self.epsilon)
         prior = self.posterior.task.prior.sample(shape).to(flow)
         pick = torch.rand(shape, device=flow.device) < self.defensive
         return torch.where(pick[..., None], prior, flow)
 
     def log_prob(self, value: Tensor) -> Tensor:
-        log_q = self.posterior.log_prob(value, y=self.y, epsilon=self.epsilon)
+        with _warned_once():
+            log_q = self.posterior.log_prob(value, y=self.y, epsilon=self.epsilon)
         prior = self.posterior.task.prior
         log_prior = prior.log_prob(value.to(prior_device(prior)))
         return torch.logaddexp(
             math.log1p(-self.defensive) + log_q, math.log(self.defensive) + log_prior.to(log_q)
         )
+
+
+@contextlib.contextmanager
+def _warned_once():
+    """What the posterior says of the release (outside its training releases, or not the one a sequential fit
+    was trained for) was said once, when the proposal was built: not again at every batch of draws."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReleaseOutsideTraining)
+        warnings.filterwarnings("ignore", message=r"this \S+ posterior was trained sequentially")
+        yield
