@@ -291,12 +291,28 @@ def sample(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "-o", "--output", type=Path, help="CSV file for the draws (default: print a summary only)"
     )
+    parser.add_argument(
+        "--correct",
+        type=int,
+        metavar="N",
+        help="correct the flow's draws at the release by importance sampling: N proposals from the flow mixed "
+        "with the prior, weighted by the exact private likelihood estimated by simulation (abc_is); prints the "
+        "effective sample size",
+    )
+    parser.add_argument(
+        "--simulations-per-draw",
+        type=int,
+        default=1,
+        help="with --correct: simulations averaged per proposal (a less noisy likelihood estimate)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from . import load_posterior
     from .experiment.outputs import format_table, write_draws
 
     if args.releases is not None:
+        if args.correct is not None:
+            raise SystemExit("dpsbi-sample: error: --correct goes with one release, not --releases")
         _sample_releases(args)
         return
     try:
@@ -304,6 +320,10 @@ def sample(argv: list[str] | None = None) -> None:
             raise ValueError("--summary goes with --releases (one summary row per release and parameter)")
         if args.num_samples < 1:
             raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+        if args.correct is not None and (args.correct < 1 or args.simulations_per_draw < 1):
+            raise ValueError(
+                f"--correct and --simulations-per-draw must be >= 1, got {args.correct} and {args.simulations_per_draw}"
+            )
         path, run_dir = _posterior_path(args.target, args.method)
         y = read_release(args.release, args.release_file)
         task = _task_of(run_dir) if run_dir is not None else None
@@ -311,7 +331,10 @@ def sample(argv: list[str] | None = None) -> None:
             y = task.check_release(y)
         posterior = load_posterior(path)
         with _outside_training_warned():
-            draws = posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon)
+            if args.correct is None:
+                draws = posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon)
+            else:
+                draws = _corrected(posterior, task or posterior.task, y, args)
         draws = draws.detach().cpu()
     except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
@@ -324,6 +347,37 @@ def sample(argv: list[str] | None = None) -> None:
     ]
     print(format_table(rows, ("parameter", "mean", "sd")))
     print(f"{args.num_samples} draws from {path}" + (f" written to {args.output}" if args.output else ""))
+
+
+def _corrected(posterior, task, y: torch.Tensor | None, args) -> torch.Tensor:
+    """``--correct N``: the flow's draws at ``y`` corrected by importance sampling (``abc_is`` from
+    ``posterior.proposal``), resampled to ``--num-samples``; prints the effective sample size, and a warning line
+    when it is below the draws asked for (they then repeat)."""
+    from .baselines import abc_is
+
+    if not hasattr(posterior, "proposal"):
+        raise ValueError(
+            f"--correct needs a posterior flow (SPPE, NaiveNPE), not a {posterior.method} likelihood"
+        )
+    result = abc_is(
+        task,
+        args.correct,
+        proposal=posterior.proposal(y, epsilon=args.epsilon),
+        y=y,
+        epsilon=args.epsilon,
+        seed=args.seed,
+        progress=False,
+        simulations_per_draw=args.simulations_per_draw,
+    )
+    print(f"importance sampling: effective sample size {result.ess:.0f} of {args.correct} proposals")
+    if result.ess < args.num_samples:
+        print(
+            f"dpsbi-sample: warning: the effective sample size ({result.ess:.0f}) is below the {args.num_samples} "
+            "draws asked for, so draws repeat: the flow is far from the posterior here, or the simulated "
+            "likelihood too noisy (raise --correct or --simulations-per-draw)",
+            file=sys.stderr,
+        )
+    return result.resample(args.num_samples, torch.Generator().manual_seed(args.seed))
 
 
 def _sample_releases(args) -> None:

@@ -210,6 +210,20 @@ def test_one_release_at_an_epsilon(saved, capsys):
         cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "0.1"])
 
 
+def test_one_release_corrected_by_importance_sampling(saved, capsys):
+    path, _, posterior = saved
+    cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "-n", "200", "--correct", "5000"])
+    out = capsys.readouterr()
+    ess = float(out.out.split("effective sample size ")[1].split()[0])
+    assert 200 <= ess <= 5000 and "200 draws" in out.out and "warning" not in out.err
+    cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "-n", "3000", "--correct", "300"])
+    assert "draws repeat" in capsys.readouterr().err  # 300 proposals cannot give 3000 distinct draws
+    with pytest.raises(SystemExit, match="--correct goes with one release"):
+        cli.sample([str(path), "--releases", "x.csv", "--correct", "100"])
+    with pytest.raises(SystemExit, match="--correct and --simulations-per-draw must be >= 1"):
+        cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "--correct", "0"])
+
+
 def test_a_run_sampled_from_another_folder_says_where_to_run(tmp_path, monkeypatch):
     """A custom task's module is imported from the working directory: from elsewhere, dpsbi-sample says so (not
     dpsbi-run's hint about task.y_obs)."""
