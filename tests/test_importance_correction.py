@@ -8,6 +8,8 @@ weighted KS test per coordinate, beside the flow's own draws, which the same tol
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import warnings
 
@@ -112,6 +114,11 @@ def test_bad_settings_are_refused_in_one_line(rough):
         rough.proposal(RELEASE, epsilon=20.0)
     with pytest.raises(ValueError, match="simulations_per_draw"):
         abc_is(rough.task, 10, y=RELEASE, simulations_per_draw=0, progress=False)
+    fixed = copy.copy(rough.task.mechanism)
+    fixed.with_epsilon = None  # a user's mechanism that cannot be re-calibrated
+    task = dataclasses.replace(rough.task, mechanism=fixed)
+    with pytest.raises(ValueError, match="has no with_epsilon, so epsilon= cannot re-calibrate it"):
+        abc_is(task, 10, y=RELEASE, epsilon=2.0, progress=False)
 
 
 def test_a_release_outside_training_is_warned_once_not_at_every_batch(rough):
