@@ -6,6 +6,7 @@ from .losses import inner_releases, posterior_loss, sple_loss, sppe_loss
 from .mcmc import MCMCSettings
 from .naive import NaiveNPE
 from .posterior import FlowPosterior, LikelihoodPosterior, Posterior, load_posterior
+from .proposal import DefensiveProposal
 from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .sple import SPLE
 from .sppe import SPPE
@@ -18,6 +19,7 @@ __all__ = [
     "Posterior",
     "FlowPosterior",
     "LikelihoodPosterior",
+    "DefensiveProposal",
     "FlowSettings",
     "ConditionalFlow",
     "MCMCSettings",
