@@ -1,6 +1,8 @@
 """SPPE, SPLE and NaiveNPE against the closed-form private posterior of a conjugate Gaussian toy; rounds,
 callbacks and resuming an interrupted run."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -238,21 +240,31 @@ def test_a_step_budget_caps_each_round_in_whole_epochs(task):
 
 
 def test_the_cosine_schedule_decays_to_zero_over_the_round():
-    from dpsbi.inference.training import Loss, TrainingSettings, _Round
+    """The learning rate of each step, as torch's ``CosineAnnealingLR`` gives it, and what Adam is given."""
+    from dpsbi.inference.training import Loss, TrainingSettings, _Round, learning_rate
 
     settings = TrainingSettings(lr=1e-3, max_steps=10, lr_schedule="cosine", accelerator="cpu")
-    scheduler = _Round(torch.nn.Linear(2, 2), Loss(None), settings, 0, steps=10).schedule
-    rates = [scheduler.get_last_lr()[0]]
-    for _ in range(10):
-        scheduler.optimizer.step()
-        scheduler.step()
-        rates.append(scheduler.get_last_lr()[0])
-    assert (
-        rates[0] == pytest.approx(1e-3)
-        and rates[5] == pytest.approx(5e-4)
-        and rates[10] == pytest.approx(0, abs=1e-12)
-    )
+    rates = [learning_rate(settings, k, 10) for k in range(11)]
+    assert rates[0] == 1e-3 and rates[5] == pytest.approx(5e-4) and rates[10] == pytest.approx(0, abs=1e-12)
     assert all(a > b for a, b in zip(rates, rates[1:]))
+    reference = torch.optim.lr_scheduler.CosineAnnealingLR(
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3), T_max=10
+    )
+    torch_rates = [reference.get_last_lr()[0]]
+    for _ in range(10):
+        reference.optimizer.step()
+        reference.step()
+        torch_rates.append(reference.get_last_lr()[0])
+    assert rates == pytest.approx(torch_rates, abs=1e-15)
+    assert learning_rate(dataclasses.replace(settings, lr_schedule="constant"), 7, 10) == 1e-3
+
+    flow = torch.nn.Linear(2, 2)
+    state = _Round(flow, Loss(lambda f, batch, draws: f(batch[0]).square().mean()), settings, 0, steps=10)
+    data, used = (torch.randn(20, 2),), []
+    for _ in range(3):
+        state.step(data, torch.arange(10))
+        used.append(state.optimizer.param_groups[0]["lr"])
+    assert used == rates[:3]
 
 
 def test_a_flat_training_setting_is_pointed_to_training(task):

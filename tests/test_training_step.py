@@ -5,6 +5,7 @@ flow backends: the sync-free default against nflows' on the same tasks."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -86,15 +87,17 @@ def test_the_sync_free_flow_traces_whole_in_sampling():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("method", ["SPPE", "SPLE"])
-def test_a_training_step_on_cuda_never_synchronizes(method):
-    """Steps after the first (which builds the optimizer's state) under torch's sync debug mode: not one
-    device-to-host synchronization."""
+def test_a_training_step_on_cuda_never_synchronizes(method, graph):
+    """Steps after the first (which builds the optimizer's state, and captures the graph) under torch's sync
+    debug mode: not one device-to-host synchronization, eager or replayed as a CUDA graph."""
     estimator = _fitted(method, "regression", **({"atoms": 10} if method == "SPPE" else {}))
-    settings = TrainingSettings(accelerator="cuda", compile=False)
+    settings = TrainingSettings(accelerator="cuda", compile=False, cuda_graph=graph)
     flow = estimator.flow.to("cuda")
     data = tuple(t.to("cuda") for t in estimator._dataset(False))
     state = _Round(flow, estimator.loss(1 if method == "SPPE" else 0), settings, seed=0, steps=100)
+    assert state.graphed == graph
     rows = next(batches(torch.arange(data[0].shape[0], device="cuda"), 50))
     state.step(data, rows)
     torch.cuda.synchronize()
@@ -110,6 +113,42 @@ def test_a_training_step_on_cuda_never_synchronizes(method):
         str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
     ]
     assert not syncs, syncs[:3]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["SPPE", "SPLE"])
+def test_a_step_replayed_as_a_cuda_graph_is_the_eager_step(method):
+    """The same steps (two batch sizes, the cosine schedule, deterministic kernels) eager and replayed as CUDA
+    graphs: the same losses and the same weights after them."""
+    from dpsbi.inference.training import _deterministic
+
+    estimator = _fitted(method, "regression", **({"atoms": 10} if method == "SPPE" else {}))
+    data = tuple(t.to("cuda") for t in estimator._dataset(False))
+    order = torch.arange(data[0].shape[0], device="cuda")
+    plan = [order[:40], order[:40], order[40:100], order[:40], order[40:100], order[:40]]
+    results = []
+    for graph in (False, True):
+        flow = copy.deepcopy(estimator.flow).to("cuda")
+        settings = TrainingSettings(accelerator="cuda", compile=False, cuda_graph=graph, max_steps=6)
+        state = _Round(flow, estimator.loss(1 if method == "SPPE" else 0), settings, seed=3, steps=6)
+        with _deterministic(torch.device("cuda")):
+            losses = torch.stack([state.step(data, rows) for rows in plan])
+        results.append((losses, [p.detach().clone() for p in flow.parameters()]))
+    (eager_losses, eager_weights), (graph_losses, graph_weights) = results
+    assert torch.allclose(graph_losses, eager_losses, rtol=1e-5, atol=1e-6), (graph_losses, eager_losses)
+    for a, b in zip(graph_weights, eager_weights, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(eager_weights, estimator.flow.parameters()))
+
+
+def test_cuda_graphs_are_refused_where_they_cannot_run():
+    with pytest.raises(ValueError, match="training cuda_graph=True needs CUDA"):
+        TrainingSettings(accelerator="cpu", cuda_graph=True)
+    with pytest.raises(ValueError, match="training cuda_graph=True needs CUDA"):
+        TrainingSettings(compile=True, cuda_graph=True)
+    assert not _Round(
+        torch.nn.Linear(2, 2), dpsbi.inference.training.Loss(None), TrainingSettings(), 0, 10
+    ).graphed
 
 
 @pytest.mark.parametrize("dim, context_dim", [(1, 1), (2, 3), (5, 8)])

@@ -235,6 +235,12 @@ class ConditionalFlow(nn.Module):
         return self.net._embedding_net if self.config.backend == "nflows" else self.embedding
 
     @property
+    def synchronizes(self) -> bool:
+        """Whether its layers wait for the device (nflows' spline checks its inputs on the host): such a flow's
+        training step cannot be captured as a CUDA graph."""
+        return self.config.backend == "nflows"
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype of its weights (torch's default when it was built)."""
         return next(self.parameters()).dtype

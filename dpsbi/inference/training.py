@@ -42,7 +42,7 @@ MIXED = ("bf16-mixed",)
 COMPILE_MIN_STEPS = 2000
 
 #: The fields of :class:`TrainingSettings` that belong to the machine.
-DEVICE_FIELDS = ("accelerator", "devices", "precision", "threads", "compile")
+DEVICE_FIELDS = ("accelerator", "devices", "precision", "threads", "compile", "cuda_graph")
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,11 @@ class TrainingSettings(Settings):
     or ``"gpu"``, ``"mps"``), ``devices`` (one device: ``1``, ``"auto"``, or ``[k]`` for GPU ``k``),
     ``precision`` (``"32-true"``, ``"64-true"``, ``"bf16-mixed"``), ``threads`` (torch's CPU threads during a
     fit on the CPU, restored after; ``None`` keeps the process's; 1 is fastest for these small batches and
-    robust on a busy machine) and ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
-    ``"auto"``, on CUDA for a fit of at least :data:`COMPILE_MIN_STEPS` steps)."""
+    robust on a busy machine), ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
+    ``"auto"``, on CUDA for a fit of at least :data:`COMPILE_MIN_STEPS` steps) and ``cuda_graph`` (capture the
+    whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
+    rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
+    ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
 
     label: ClassVar[str] = "training"
     batch_size: int = 100
@@ -90,6 +93,7 @@ class TrainingSettings(Settings):
     precision: str | int = "32-true"
     threads: int | None = 1
     compile: bool | str = "auto"
+    cuda_graph: bool | str = "auto"
 
     def __post_init__(self) -> None:
         checks = {
@@ -107,13 +111,22 @@ class TrainingSettings(Settings):
             "precision": str(self.precision) in (*PRECISIONS, *MIXED),
             "threads": self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
             "compile": self.compile in (True, False, "auto"),
+            "cuda_graph": self.cuda_graph in (True, False, "auto"),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(
                 f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)} "
                 f"(lr_schedule: one of {LR_SCHEDULES}; accelerator: one of {ACCELERATORS}; devices: 1 or [k], "
-                f"one device; precision: one of {(*PRECISIONS, *MIXED)}; compile: True, False or 'auto')"
+                f"one device; precision: one of {(*PRECISIONS, *MIXED)}; compile and cuda_graph: True, False or "
+                "'auto')"
+            )
+        if self.cuda_graph is True and (
+            self.accelerator in ("cpu", "mps") or self.compile is True or str(self.precision) in MIXED
+        ):
+            raise ValueError(
+                f"training cuda_graph=True needs CUDA, compile off and precision 32 or 64 (got accelerator="
+                f"{self.accelerator!r}, compile={self.compile!r}, precision={self.precision!r}); use 'auto'"
             )
         if self.lr_schedule == "cosine" and self.max_steps is None:
             raise ValueError(
@@ -184,8 +197,32 @@ def compiles(settings: TrainingSettings, device: torch.device, steps: int | None
     return device.type == "cuda" and (steps is None or steps >= COMPILE_MIN_STEPS)
 
 
+def graphs(settings: TrainingSettings, flow: nn.Module, compiled: bool) -> bool:
+    """Whether a fit of ``flow`` replays its step as a CUDA graph (``cuda_graph``); ``True`` off CUDA, with a
+    compiled loss (which makes CUDA graphs of its own), mixed precision or a flow that waits for the device
+    (:attr:`~dpsbi.inference.flows.ConditionalFlow.synchronizes`) is refused in one line."""
+    device, waits = next(flow.parameters()).device, getattr(flow, "synchronizes", False)
+    possible = device.type == "cuda" and not compiled and str(settings.precision) not in MIXED and not waits
+    if settings.cuda_graph is True and not possible:
+        raise ValueError(
+            f"training cuda_graph=True needs a fit on CUDA with compile off, precision 32 or 64 and a flow that "
+            f"never waits for the device (this one: {device.type}, compiled={compiled}, precision="
+            f"{settings.precision!r}, nflows={waits}); use cuda_graph='auto'"
+        )
+    return possible and settings.cuda_graph in (True, "auto")
+
+
+def learning_rate(settings: TrainingSettings, step: int, steps: int | None) -> float:
+    """The learning rate of a round's step ``step`` (from 0) of ``steps``: ``lr``, or under ``"cosine"``
+    ``lr (1 + cos(pi step / steps)) / 2``, decaying to 0 at the round's end."""
+    if settings.lr_schedule != "cosine" or steps is None:
+        return settings.lr
+    return settings.lr * (1 + math.cos(math.pi * min(step, steps) / steps)) / 2
+
+
 class _Round:
-    """The state of one round's fit: the flow, optimizer and schedule, generators, and the best weights."""
+    """The state of one round's fit: the flow, optimizer and schedule, generators, the CUDA graphs of its step,
+    and the best weights."""
 
     def __init__(
         self,
@@ -196,21 +233,22 @@ class _Round:
         steps: int | None,
         compile_mode: str | None = None,
     ):
-        self.flow, self.loss, self.settings = flow, loss, settings
+        self.flow, self.loss, self.settings, self.steps, self.count = flow, loss, settings, steps, 0
         device = next(flow.parameters()).device
         self.shuffle = torch.Generator(device=device).manual_seed(derive_seed(seed, "shuffle"))
         self.noise = torch.Generator(device=device).manual_seed(derive_seed(seed, "noise"))
         self.val_seed = derive_seed(seed, "validation")
+        compiled = compiles(settings, device, steps)
+        self.graphed = graphs(settings, flow, compiled)
+        # a graph reads the learning rate from the device (a tensor written before each replay); Adam's state,
+        # step count included, stays on the device
+        lr = torch.tensor(settings.lr, device=device) if self.graphed else settings.lr
         self.optimizer = torch.optim.Adam(
-            flow.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, **_fused(device)
+            flow.parameters(), lr=lr, weight_decay=settings.weight_decay, **_fused(device, self.graphed)
         )
-        self.schedule = (
-            torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=steps)
-            if settings.lr_schedule == "cosine"
-            else None
-        )
+        self.captured: dict[int, tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Tensor]] = {}
         compute = loss.compute
-        if compiles(settings, device, steps):
+        if compiled:
             mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")  # CUDA graphs
             compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=mode)
         self.compute = compute
@@ -222,18 +260,59 @@ class _Round:
         )
 
     def step(self, data: tuple[Tensor, ...], rows: Tensor) -> Tensor:
-        """One gradient step on the rows ``rows`` of ``data``; returns the batch's loss (detached, on the device)."""
-        batch = tuple(t.index_select(0, rows) for t in data)
+        """One gradient step on the rows ``rows`` of ``data``; returns the batch's loss (detached, on the device).
+        Graphed: the first step of each batch size runs eagerly and is captured; later ones replay it."""
+        lr = learning_rate(self.settings, self.count, self.steps)
+        if self.graphed:
+            self.optimizer.param_groups[0]["lr"].fill_(lr)  # in place: the graph reads it from there
+        else:
+            self.optimizer.param_groups[0]["lr"] = lr
+        self.count += 1
         draws = self.loss.draw(rows.shape[0], self.noise)
+        if not self.graphed:
+            return self._update(data, rows, draws)
+        if rows.shape[0] not in self.captured:
+            value = self._warm_up(data, rows, draws)
+            self.captured[rows.shape[0]] = self._capture(data, rows, draws)
+            return value
+        graph, inputs, value = self.captured[rows.shape[0]]
+        for static, new in zip(inputs, (rows, *draws), strict=True):
+            static.copy_(new)
+        graph.replay()
+        return value.clone()
+
+    def _update(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
+        """The step's arithmetic: the batch cut from ``data``, the loss, backward, clipping and Adam."""
+        batch = tuple(t.index_select(0, rows) for t in data)
         with self.autocast():
             value = self.compute(self.flow, batch, draws)
         self.optimizer.zero_grad(set_to_none=True)
         value.backward()
         nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
         self.optimizer.step()
-        if self.schedule is not None:
-            self.schedule.step()
         return value.detach()
+
+    def _warm_up(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
+        """One eager step on a side stream, as torch's CUDA-graph recipe asks before a capture (it builds
+        Adam's state and the libraries' handles outside the graph)."""
+        side, current = torch.cuda.Stream(), torch.cuda.current_stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            value = self._update(data, rows, draws)
+        current.wait_stream(side)
+        return value
+
+    def _capture(
+        self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]
+    ) -> tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Tensor]:
+        """The step captured (not run) as a CUDA graph reading its rows and draws from static tensors: the
+        graph, those tensors, and the loss it writes. The gradients live in the graph's memory."""
+        inputs = (rows.clone(), *(d.clone() for d in draws))
+        graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            value = self._update(data, inputs[0], inputs[1:])
+        return graph, inputs, value
 
     def train_epoch(self, data: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         """One epoch of steps; returns the epoch's summed ``loss x rows`` and the index of its first non-finite
@@ -264,9 +343,10 @@ class _Round:
         return total / data[0].shape[0]
 
 
-def _fused(device: torch.device) -> dict:
-    """Adam's fused kernel where torch has one for the device (one launch for all parameters)."""
-    return {"fused": True} if device.type == "cuda" else {}
+def _fused(device: torch.device, captured: bool = False) -> dict:
+    """Adam's fused kernel where torch has one for the device (one launch for all parameters), capturable in a
+    CUDA graph when ``captured``."""
+    return {"fused": True, "capturable": captured} if device.type == "cuda" else {}
 
 
 @contextlib.contextmanager
