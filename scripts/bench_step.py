@@ -3,8 +3,9 @@ on each device and flow backend at three sizes, with its device-to-host synchron
 ``python scripts/bench_step.py [--devices cpu cuda] [--backends dpsbi nflows] [--json out.jsonl]``.
 
 SPPE's atomic step on regression at epsilon 1 (batch ``B``, ``M = 1`` release, 10 atoms: ``10 B`` flow
-evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluations); eager, and compiled
-(``torch.compile``, CUDA only by default) with its compile time. Each row: the median over ``--repeats`` timed
+evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluations); eager, replayed as a CUDA
+graph (``cuda_graph``, what a fit on CUDA runs by default), and compiled (``torch.compile``, CUDA only by default)
+with its compile time. Each row: the median over ``--repeats`` timed
 steps after ``--warmup`` steps (CUDA synchronized around each), written to ``--json`` as it is measured. CPU
 rows use one torch thread (the fits' default).
 """
@@ -55,22 +56,28 @@ def measure(
     deterministic: bool,
     warmup: int,
     repeats: int,
+    graph: bool = False,
 ) -> dict:
     """One row: ms per step (median and min), steps timed, the first step's seconds (compiling, when compiled),
-    synchronizations per step. ``compiled``: a ``torch.compile`` mode, or ``None`` for eager; ``deterministic``:
-    under the deterministic kernels a fit on CUDA runs with (``_deterministic``)."""
+    synchronizations per step. ``compiled``: a ``torch.compile`` mode, or ``None``; ``graph``: the step replayed
+    as a CUDA graph (else eager, when not compiled); ``deterministic``: under the deterministic kernels a fit on
+    CUDA runs with (``_deterministic``)."""
     device = torch.device(device)
     estimator = _estimator(backend, batch)
     flow = estimator.flow.to(device)
     data = tuple(t.to(device) for t in estimator._dataset(False))
     settings = TrainingSettings(
-        batch_size=batch, accelerator=device.type, compile=compiled is not None, max_steps=10_000
+        batch_size=batch,
+        accelerator=device.type,
+        compile=compiled is not None,
+        cuda_graph=graph,
+        max_steps=10_000,
     )
     state = _Round(flow, estimator.loss(1), settings, 0, 10_000, compile_mode=compiled)
     rows = next(batches(torch.arange(data[0].shape[0], device=device), batch))
     with _deterministic(device) if deterministic else contextlib.nullcontext():
         start = time.perf_counter()
-        state.step(data, rows)  # the first step compiles, when compiling, and builds Adam's state
+        state.step(data, rows)  # the first step compiles or captures, and builds Adam's state
         _sync(device)
         first = time.perf_counter() - start
         for _ in range(warmup):
@@ -99,6 +106,7 @@ def measure(
         "batch": batch,
         "flow_evaluations": batch * 10,
         "compiled": compiled,
+        "cuda_graph": graph,
         "deterministic": deterministic,
         "ms_median": 1000 * statistics.median(times),
         "ms_min": 1000 * min(times),
@@ -126,24 +134,37 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--deterministic", action="store_true", help="also eager CUDA rows, deterministic kernels"
     )
+    parser.add_argument(
+        "--graph",
+        action="store_true",
+        help="also CUDA rows replayed as a CUDA graph (and, with --deterministic, under deterministic kernels)",
+    )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", help="append each row to this JSON-lines file as it is measured")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    plan = [(d, b, n, None, False) for d in args.devices for b in args.backends for n in args.sizes]
+    plan = [(d, b, n, None, False, False) for d in args.devices for b in args.backends for n in args.sizes]
+    cuda = [d for d in args.devices if d == "cuda"]
     if args.deterministic:
-        plan += [(d, "dpsbi", n, None, True) for d in args.devices if d == "cuda" for n in args.sizes]
+        plan += [(d, "dpsbi", n, None, True, False) for d in cuda for n in args.sizes]
+    if args.graph:
+        plan += [
+            (d, "dpsbi", n, None, det, True)
+            for d in cuda
+            for det in (False, True)[: 1 + args.deterministic]
+            for n in args.sizes
+        ]
     plan += [
-        (d, "dpsbi", n, mode, False)
+        (d, "dpsbi", n, mode, False, False)
         for d in args.devices
         if d in args.compile_on
         for mode in args.compile_modes
         for n in args.sizes
     ]
     out = []
-    for device, backend, batch, compiled, deterministic in plan:  # compiled rows (slow to build) last
-        row = measure(backend, device, batch, compiled, deterministic, args.warmup, args.repeats)
+    for device, backend, batch, compiled, deterministic, graph in plan:  # compiled rows (slow to build) last
+        row = measure(backend, device, batch, compiled, deterministic, args.warmup, args.repeats, graph)
         print(json.dumps(row), flush=True)
         out.append(row)
         if args.json:
