@@ -1,7 +1,10 @@
 """A conditional neural spline flow with no host synchronization: the architecture of sbi's ``build_nsf`` (the
-main paper's) built from zuko's rational-quadratic spline, whose bins are found by comparison sums and ``gather``
-and whose tails are a ``torch.where``, so that ``log_prob``, ``sample`` and their gradients never wait for the
-device and trace whole with ``torch.compile(fullgraph=True)``.
+main paper's) built from zuko's rational-quadratic spline, whose bins are found by comparison sums and whose tails
+are a ``torch.where``, so that ``log_prob``, ``sample`` and their gradients never wait for the device and trace
+whole with ``torch.compile(fullgraph=True)``. The knots of a value's bin are picked by a one-hot product, not
+``gather``, and a coupling's halves are strided slices, not ``index_select`` / ``index_copy``: the same values,
+and a backward pass without atomic adds, so that torch's deterministic mode (a fit on CUDA) has nothing to
+replace with slower kernels.
 
 Layers, from the data to the base noise: the z-scoring of the data, then ``transforms`` times a coupling spline
 (alternating halves) followed by an LU-factorized linear map (when ``dim > 1``); the base is a standard normal.
@@ -52,38 +55,60 @@ class ResidualNet(nn.Module):
         return self.final(h)
 
 
+class OneHotRQSTransform(MonotonicRQSTransform):
+    """zuko's monotonic rational-quadratic spline with the knots of each value's bin picked by a one-hot product
+    over the ``bins + 1`` knots instead of ``gather``: the same values (one term of each sum is not zero), and a
+    backward pass of products and sums where ``gather``'s adds with atomics on CUDA."""
+
+    def bin(self, k: Tensor) -> tuple[Tensor, ...]:
+        """For bin indices ``k (*)``: whether ``k`` is a bin, the bin's knots ``x0, x1``, values ``y0, y1`` and
+        slopes ``d0, d1``, and its mean slope ``s`` (each ``(*)``), as zuko's ``bin``."""
+        mask = torch.logical_and(0 <= k, k < self.bins)
+        k = (k % self.bins).unsqueeze(-1)
+        knots = torch.arange(self.bins + 1, device=k.device)
+        left, right = (k == knots).to(self.horizontal.dtype), (k + 1 == knots).to(self.horizontal.dtype)
+        x0, x1 = (self.horizontal * left).sum(-1), (self.horizontal * right).sum(-1)
+        y0, y1 = (self.vertical * left).sum(-1), (self.vertical * right).sum(-1)
+        d0, d1 = (self.derivatives * left).sum(-1), (self.derivatives * right).sum(-1)
+        return mask, x0, x1, y0, y1, d0, d1, (y1 - y0) / (x1 - x0)
+
+
 class CouplingSpline(nn.Module):
-    """Rational-quadratic splines on the coordinates ``transformed`` (identity outside ``[-bound, bound]``),
+    """Rational-quadratic splines on every other coordinate from ``first`` (identity outside ``[-bound, bound]``),
     their bins, heights and knot slopes given by a residual net of the other coordinates and the context."""
 
-    def __init__(self, dim: int, transformed: list[int], context_features: int, settings) -> None:
+    def __init__(self, dim: int, first: int, context_features: int, settings) -> None:
         super().__init__()
-        kept = [i for i in range(dim) if i not in transformed]
-        self.register_buffer("kept", torch.tensor(kept, dtype=torch.long), persistent=False)
-        self.register_buffer("transformed", torch.tensor(transformed, dtype=torch.long), persistent=False)
+        self.transformed, self.kept = slice(first, None, 2), slice(1 - first, None, 2)
+        count = len(range(dim)[self.transformed])
         self.bins, self.bound = int(settings.bins), float(settings.tail_bound)
-        out = len(transformed) * (3 * self.bins - 1)
-        self.net = ResidualNet(len(kept), out, context_features, int(settings.hidden), int(settings.blocks))
+        out = count * (3 * self.bins - 1)
+        self.net = ResidualNet(dim - count, out, context_features, int(settings.hidden), int(settings.blocks))
 
-    def _spline(self, x: Tensor, context: Tensor) -> tuple[MonotonicRQSTransform, Tensor]:
+    def _spline(self, x: Tensor, context: Tensor) -> tuple[OneHotRQSTransform, Tensor]:
         """The spline of the transformed coordinates and their values, for ``x (n, dim)``."""
-        params = self.net(x.index_select(-1, self.kept), context)
-        params = params.reshape(x.shape[0], len(self.transformed), 3 * self.bins - 1)
+        part = x[..., self.transformed]
+        params = self.net(x[..., self.kept], context).reshape(*part.shape, 3 * self.bins - 1)
         widths, heights, slopes = params.split([self.bins, self.bins, self.bins - 1], -1)
         scale = self.net.final.in_features**-0.5  # as nflows: bin logits start small, the bins near uniform
-        spline = MonotonicRQSTransform(widths * scale, heights * scale, slopes, bound=self.bound)
-        return spline, x.index_select(-1, self.transformed)
+        return OneHotRQSTransform(widths * scale, heights * scale, slopes, bound=self.bound), part
+
+    def _with(self, x: Tensor, values: Tensor) -> Tensor:
+        """``x`` with its transformed coordinates replaced by ``values``."""
+        out = x.clone()
+        out[..., self.transformed] = values
+        return out
 
     def forward(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
         """Towards the noise: ``(y (n, dim), log |det| (n,))``."""
         spline, part = self._spline(x, context)
         y, ladj = spline.call_and_ladj(part)
-        return x.index_copy(-1, self.transformed, y), ladj.sum(-1)
+        return self._with(x, y), ladj.sum(-1)
 
     def inverse(self, y: Tensor, context: Tensor) -> Tensor:
         """Towards the data (the kept coordinates are unchanged, so they condition the same spline)."""
         spline, part = self._spline(y, context)
-        return y.index_copy(-1, self.transformed, spline.inv(part))
+        return self._with(y, spline.inv(part))
 
 
 class LULinear(nn.Module):
@@ -127,8 +152,8 @@ class SplineFlow(nn.Module):
         self.register_buffer("std", std.reshape(dim).clone())
         layers: list[nn.Module] = []
         for i in range(int(settings.transforms)):
-            transformed = list(range(i % 2, dim, 2)) if dim > 1 else [0]  # nflows' alternating masks
-            layers.append(CouplingSpline(dim, transformed, context_features, settings))
+            first = i % 2 if dim > 1 else 0  # nflows' alternating masks
+            layers.append(CouplingSpline(dim, first, context_features, settings))
             if dim > 1:
                 layers.append(LULinear(dim))
         self.layers = nn.ModuleList(layers)
