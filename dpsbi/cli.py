@@ -302,14 +302,16 @@ def sample(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--simulations-per-draw",
         type=int,
-        default=1,
-        help="with --correct: simulations averaged per proposal (a less noisy likelihood estimate)",
+        metavar="M",
+        help="with --correct: simulations averaged per proposal (a less noisy likelihood estimate; default 4)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from . import load_posterior
     from .experiment.outputs import format_table, write_draws
 
+    if args.simulations_per_draw is not None and args.correct is None:
+        raise SystemExit("dpsbi-sample: error: --simulations-per-draw goes with --correct N")
     if args.releases is not None:
         if args.correct is not None:
             raise SystemExit("dpsbi-sample: error: --correct goes with one release, not --releases")
@@ -320,7 +322,7 @@ def sample(argv: list[str] | None = None) -> None:
             raise ValueError("--summary goes with --releases (one summary row per release and parameter)")
         if args.num_samples < 1:
             raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
-        if args.correct is not None and (args.correct < 1 or args.simulations_per_draw < 1):
+        if args.correct is not None and (args.correct < 1 or (args.simulations_per_draw or 1) < 1):
             raise ValueError(
                 f"--correct and --simulations-per-draw must be >= 1, got {args.correct} and {args.simulations_per_draw}"
             )
@@ -334,7 +336,7 @@ def sample(argv: list[str] | None = None) -> None:
             if args.correct is None:
                 draws = posterior.sample((args.num_samples,), y=y, seed=args.seed, epsilon=args.epsilon)
             else:
-                draws = _corrected(posterior, task or posterior.task, y, args)
+                draws = _corrected(posterior, y, args)
         draws = draws.detach().cpu()
     except (ValueError, RuntimeError) as error:  # RuntimeError: non-finite draws, refused by the posterior
         raise SystemExit(f"dpsbi-sample: error: {error}") from None
@@ -349,25 +351,25 @@ def sample(argv: list[str] | None = None) -> None:
     print(f"{args.num_samples} draws from {path}" + (f" written to {args.output}" if args.output else ""))
 
 
-def _corrected(posterior, task, y: torch.Tensor | None, args) -> torch.Tensor:
-    """``--correct N``: the flow's draws at ``y`` corrected by importance sampling (``abc_is`` from
-    ``posterior.proposal``), resampled to ``--num-samples``; prints the effective sample size, and a warning line
-    when it is below the draws asked for (they then repeat)."""
-    from .baselines import abc_is
+def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
+    """``--correct N``: the flow's draws at ``y`` corrected by importance sampling (``dpsbi.baselines.corrected``),
+    resampled to ``--num-samples``; prints the effective sample size, and a warning line when it is below the
+    draws asked for (they then repeat)."""
+    from .baselines import corrected
+    from .baselines.correction import SIMULATIONS_PER_DRAW
 
     if not hasattr(posterior, "proposal"):
         raise ValueError(
             f"--correct needs a posterior flow (SPPE, NaiveNPE), not a {posterior.method} likelihood"
         )
-    result = abc_is(
-        task,
+    result = corrected(
+        posterior,
         args.correct,
-        proposal=posterior.proposal(y, epsilon=args.epsilon),
         y=y,
         epsilon=args.epsilon,
+        simulations_per_draw=args.simulations_per_draw or SIMULATIONS_PER_DRAW,
         seed=args.seed,
         progress=False,
-        simulations_per_draw=args.simulations_per_draw,
     )
     print(f"importance sampling: effective sample size {result.ess:.0f} of {args.correct} proposals")
     if result.ess < args.num_samples:

@@ -143,24 +143,23 @@ def shift_summary(shifts: list[list[float]]) -> dict:
 
 
 def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Tensor], args) -> dict:
-    """The flow's draws corrected by importance sampling at each release ``y[i]``: ``dpsbi.baselines.abc_is``
-    with ``--importance`` proposals from ``posterior.proposal`` (the flow mixed with the prior), each weighted by
-    the mean of ``--simulations-per-draw`` mechanism densities, resampled to ``--draws`` and scored as the
-    flow's draws are; with each release's effective sample size and CPU seconds."""
-    from dpsbi.baselines import abc_is
+    """The flow's draws corrected by importance sampling at each release ``y[i]``: ``dpsbi.baselines.corrected``
+    with ``--importance`` proposals from the flow mixed with the prior, each weighted by the mean of
+    ``--simulations-per-draw`` mechanism densities, resampled to ``--draws`` and scored as the flow's draws are;
+    with each release's effective sample size and CPU seconds."""
+    from dpsbi.baselines import corrected
 
     scores, spreads, shifts, ess, seconds = [], [], [], [], []
     for i, release in enumerate(y):
         began = time.process_time()
-        result = abc_is(
-            posterior.task,
+        result = corrected(
+            posterior,
             args.importance,
-            proposal=posterior.proposal(release, epsilon=epsilon),
             y=release,
             epsilon=epsilon,
+            simulations_per_draw=args.simulations_per_draw,
             seed=i,
             progress=False,
-            simulations_per_draw=args.simulations_per_draw,
         )
         draws = result.resample(args.draws, torch.Generator().manual_seed(i))
         seconds.append(time.process_time() - began)

@@ -10,8 +10,8 @@ defaults (one torch thread), then
   release, one batched call per epsilon;
 - at the task's stored releases at 0.1, 1 and 10: the amortized posterior's sd, width and C2ST against the
   reference posterior (``dpsbi.experiment.reference.reference_posterior``, scripts/frontier.py's settings); with
-  ``--importance N``, also its draws corrected by importance sampling (``dpsbi.baselines.abc_is`` with
-  ``posterior.proposal``: N proposals, 4 simulations each), with their effective sample size.
+  ``--importance N``, also its draws corrected by importance sampling (``dpsbi.baselines.corrected``: N
+  proposals from the flow mixed with the prior, 4 simulations each), with their effective sample size.
 
 One JSON line per row is appended to ``--out``; a task already finished in the file is skipped.
 
@@ -36,7 +36,7 @@ import torch
 from frontier import read_jsonl, reference_for, spread
 
 import dpsbi
-from dpsbi.baselines import abc_is
+from dpsbi.baselines import corrected
 from dpsbi.experiment.config import build_task
 
 RANGE = (0.1, 10.0)
@@ -73,7 +73,7 @@ def curve(task, posterior, releases: int, n: int) -> list[dict]:
 def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals: int) -> list[dict]:
     """The amortized posterior at the task's stored release at each of :data:`STORED`, ``n`` draws, against as
     many of the reference's (``reference_settings`` over scripts/frontier.py's); with ``proposals``, also its
-    draws corrected by importance sampling (``abc_is`` from ``posterior.proposal``, 4 simulations a draw)."""
+    draws corrected by importance sampling (``dpsbi.baselines.corrected``, 4 simulations a draw)."""
     rows = []
     for epsilon in STORED:
         config = {"name": name, "epsilon": epsilon}
@@ -82,14 +82,7 @@ def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals:
         draws = {"amortized at y_obs": posterior.sample((n,), y=task.y_obs, epsilon=epsilon, seed=0).cpu()}
         if proposals:
             began = time.process_time()
-            result = abc_is(
-                task,
-                proposals,
-                proposal=posterior.proposal(task.y_obs, epsilon=epsilon),
-                seed=0,
-                progress=False,
-                simulations_per_draw=4,
-            )
+            result = corrected(posterior, proposals, y=task.y_obs, epsilon=epsilon, seed=0, progress=False)
             draws["corrected at y_obs"] = result.resample(n, torch.Generator().manual_seed(0))
             extra = {"ess": round(result.ess), "cpu_s": round(time.process_time() - began, 1)}
         for kind, sample in draws.items():

@@ -86,6 +86,18 @@ def test_the_exact_likelihood_is_the_brute_force_sum(population, groups, rho):
         assert torch.allclose(exact, _brute_force(task, theta, y, age_edges(groups)), rtol=1e-11, atol=1e-11)
 
 
+def test_the_exact_likelihood_at_another_privacy_level_is_that_tasks():
+    """``mechanism=task.mechanism.with_epsilon(e)``: the likelihood of the task built at ``e``, and the table of
+    the task's own level afterwards (the cache is keyed by the mechanism too)."""
+    task = census(population=6, age_groups=2, rho=0.25, y_obs="simulate", seed=3)
+    other = census(population=6, age_groups=2, epsilon=9.0, y_obs=task.y_obs[0].tolist())
+    theta = task.prior.sample((4,))
+    own = task.exact_log_likelihood(theta, task.y_obs)
+    at_nine = task.exact_log_likelihood(theta, task.y_obs, mechanism=task.mechanism.with_epsilon(9.0))
+    assert torch.allclose(at_nine, other.exact_log_likelihood(theta), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(at_nine, own) and torch.equal(task.exact_log_likelihood(theta, task.y_obs), own)
+
+
 def test_the_convolution_keeps_relative_precision_in_far_tails():
     rng = np.random.default_rng(0)
     log_f = -0.5 * ((np.arange(40) - rng.uniform(0, 39, (6, 1))) / rng.uniform(0.5, 3, (6, 1))) ** 2

@@ -1,4 +1,5 @@
-"""A trained posterior flow as an importance-sampling proposal (``posterior.proposal`` with ``abc_is``): the
+"""A trained posterior flow as an importance-sampling proposal (``posterior.proposal`` with ``abc_is``, as
+``dpsbi.baselines.corrected`` calls them): the
 weighted draws follow the exact private posterior however rough the flow, at any epsilon of an amortized fit.
 
 Checked on the conjugate Gaussian (closed-form posterior at every release and epsilon) with a deliberately small
@@ -18,7 +19,7 @@ import torch
 from test_baselines_abc import assert_moments, weighted_ks_pvalue
 
 import dpsbi
-from dpsbi.baselines import abc_is
+from dpsbi.baselines import abc_is, corrected
 from dpsbi.inference import ReleaseOutsideTraining
 from dpsbi.inference.proposal import DefensiveProposal
 from dpsbi.tasks import load
@@ -57,15 +58,9 @@ def test_importance_sampling_from_a_rough_flow_is_exact_at_another_epsilon(rough
     flow = rough.sample((4000,), y=RELEASE, epsilon=epsilon, seed=0)
     # the flow alone is off by far more than the corrected draws' tolerance (power of the check below)
     assert ((flow.mean(0) - mean) / sd).abs().max() > 0.3
-    result = abc_is(
-        rough.task,  # at epsilon 1: the weights re-calibrate its mechanism
-        20_000,
-        proposal=rough.proposal(RELEASE, epsilon=epsilon),
-        y=RELEASE,
-        epsilon=epsilon,
-        seed=0,
-        progress=False,
-        simulations_per_draw=repeats,
+    # the task is at epsilon 1: the weights re-calibrate its mechanism
+    result = corrected(
+        rough, 20_000, y=RELEASE, epsilon=epsilon, simulations_per_draw=repeats, seed=0, progress=False
     )
     assert result.ess > 2000 and 4 / math.sqrt(result.ess) < 0.1  # the tolerance, in exact sds
     assert_moments(result, mean, sd)
@@ -74,18 +69,36 @@ def test_importance_sampling_from_a_rough_flow_is_exact_at_another_epsilon(rough
         assert weighted_ks_pvalue(result.samples[:, j], result.weights, marginal.cdf) > 1e-3
 
 
+def test_a_task_with_an_exact_likelihood_is_corrected_without_simulating(rough):
+    """``likelihood="auto"`` uses ``task.exact_log_likelihood`` where the task has one (here the conjugate
+    Gaussian's, ``y ~ N(theta, (noise_sd^2 + sigma^2) I)``, at the re-calibrated mechanism's sigma): no
+    simulation, and the weighted draws are exact at another epsilon."""
+    task = copy.copy(rough.task)
+    noise_var = GAUSS["noise_sd"] ** 2
+
+    def exact_log_likelihood(theta, y, mechanism):
+        spread = torch.distributions.Normal(theta.double(), math.sqrt(noise_var + mechanism.sigma**2))
+        return spread.log_prob(torch.as_tensor(y).reshape(1, -1).double()).sum(-1)
+
+    task.exact_log_likelihood = exact_log_likelihood
+    with_likelihood = copy.copy(rough)
+    with_likelihood.task = task
+    result = corrected(with_likelihood, 20_000, y=RELEASE, epsilon=0.6, seed=0, progress=False)
+    assert result.info["likelihood"] == "exact" and result.num_simulations == 0
+    exact = exact_at(0.6)
+    assert result.ess > 5000
+    assert_moments(result, exact.mean.reshape(2), exact.stddev.reshape(2))
+    simulated = corrected(
+        with_likelihood, 2000, y=RELEASE, epsilon=0.6, likelihood="simulated", progress=False
+    )
+    assert simulated.info["likelihood"] == "simulated" and simulated.num_simulations > 0
+    with pytest.raises(ValueError, match="task 'conjugate_gaussian' has no exact_log_likelihood"):
+        corrected(rough, 10, y=RELEASE, epsilon=0.6, likelihood="exact")
+
+
 def test_more_simulations_per_draw_give_more_effective_draws(rough):
     runs = {
-        m: abc_is(
-            rough.task,
-            5000,
-            proposal=rough.proposal(RELEASE, epsilon=EPSILON),
-            y=RELEASE,
-            epsilon=EPSILON,
-            seed=1,
-            progress=False,
-            simulations_per_draw=m,
-        )
+        m: corrected(rough, 5000, y=RELEASE, epsilon=EPSILON, simulations_per_draw=m, seed=1, progress=False)
         for m in (1, 8)
     }
     assert runs[1].num_simulations == 5000 and runs[8].num_simulations == 40_000
@@ -114,6 +127,9 @@ def test_bad_settings_are_refused_in_one_line(rough):
         rough.proposal(RELEASE, epsilon=20.0)
     with pytest.raises(ValueError, match="simulations_per_draw"):
         abc_is(rough.task, 10, y=RELEASE, simulations_per_draw=0, progress=False)
+    likelihood = dataclasses.make_dataclass("Likelihood", [("method", str)])("SPLE")
+    with pytest.raises(ValueError, match="corrected needs a posterior flow \\(SPPE, NaiveNPE\\), not a SPLE"):
+        corrected(likelihood, 10)
     fixed = copy.copy(rough.task.mechanism)
     fixed.with_epsilon = None  # a user's mechanism that cannot be re-calibrated
     task = dataclasses.replace(rough.task, mechanism=fixed)

@@ -2,6 +2,7 @@
 :class:`MCEMResult` (maximum-likelihood estimate with Louis' standard errors)."""
 
 from .abcdp import abcdp, abcdp_epsilon, abcdp_noise_scale, flip_probability, gaussian_mmd, mmd_sensitivity
+from .correction import corrected
 from .da_mcmc import da_mcmc
 from .exact_abc import SimulationBudgetExceeded, abc_is, rejection_abc
 from .fisher import FisherEstimate, fisher_information, rank_statistics
@@ -23,6 +24,7 @@ __all__ = [
     "abcdp",
     "abcdp_epsilon",
     "abcdp_noise_scale",
+    "corrected",
     "da_mcmc",
     "fisher_information",
     "flip_probability",

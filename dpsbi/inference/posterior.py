@@ -511,7 +511,7 @@ class FlowPosterior(Posterior):
     ) -> DefensiveProposal:
         """This flow at release ``y`` (default: :attr:`default_x`) and ``epsilon`` mixed with the prior at weight
         ``defensive``: a torch ``Distribution`` over ``(dim_theta,)`` for importance sampling the exact private
-        posterior, ``dpsbi.baselines.abc_is(task, n, proposal=posterior.proposal(y, epsilon=e), y=y, epsilon=e)``
+        posterior, ``dpsbi.baselines.corrected(posterior, n, y=y, epsilon=e)``
         (:mod:`dpsbi.inference.proposal`). The release and epsilon are checked now."""
         self._conditions(y, epsilon, single=True)
         return DefensiveProposal(self, y, epsilon, defensive)

@@ -278,8 +278,10 @@ def make(
     production block-group table level, 0.2461: sigma = 2.016; or calibrated from ``epsilon`` at ``delta``)
     clamped at 0; the total is public. ``y_obs=None``: the release drawn from the true theta with ``seed``
     (numpy's frozen legacy stream); ``"simulate"``: drawn with torch's generator; or your own release.
-    ``task.exact_log_likelihood(theta, y)`` is the exact likelihood (:class:`CensusLikelihood`), where its table
-    of ``cells (population + 1)`` values fits :data:`MAX_LIKELIHOOD_TABLE` (absent beyond: a state's population).
+    ``task.exact_log_likelihood(theta, y, mechanism=None)`` is the exact likelihood (:class:`CensusLikelihood`;
+    ``mechanism``: the task's, or another privacy level of it, e.g. ``task.mechanism.with_epsilon(e)``), where its
+    table of ``cells (population + 1)`` values fits :data:`MAX_LIKELIHOOD_TABLE` (absent beyond: a state's
+    population).
     Counts, summaries and releases are float64, exact at any population up to 2^53."""
     if epsilon is not None and rho is not None:
         raise ValueError("census_table takes epsilon (with delta) or rho, not both")
@@ -324,16 +326,18 @@ def make(
             f"discrete Gaussian noise per cell at rho={inner.rho:.4g} (sigma={inner.sigma:.4g}), clamped at 0."
         ),
     )
-    likelihoods: dict[tuple, CensusLikelihood] = {}
+    likelihoods: dict[tuple, tuple[object, CensusLikelihood]] = {}
 
-    def exact_log_likelihood(theta: Tensor, y: Tensor | None = None) -> Tensor:
-        """Exact ``log p(y | theta)`` ``(n,)`` (float64) at release ``y`` (default ``task.y_obs``)."""
+    def exact_log_likelihood(theta: Tensor, y: Tensor | None = None, mechanism=None) -> Tensor:
+        """Exact ``log p(y | theta)`` ``(n,)`` (float64) at release ``y`` (default ``task.y_obs``) through
+        ``mechanism`` (default the task's). The last release and mechanism's table is kept for the next call."""
+        mechanism = task.mechanism if mechanism is None else mechanism
         y = task.y_obs if y is None else task.check_release(y)
-        key = tuple(y.reshape(-1).tolist())
+        key = (tuple(y.reshape(-1).tolist()), id(mechanism))
         if key not in likelihoods:
-            likelihoods.clear()
-            likelihoods[key] = CensusLikelihood(population, edges, mechanism, y)
-        return likelihoods[key](theta)
+            likelihoods.clear()  # the mechanism is kept with its table, so that its id is not reused meanwhile
+            likelihoods[key] = (mechanism, CensusLikelihood(population, edges, mechanism, y))
+        return likelihoods[key][1](theta)
 
     if cells * (population + 1) <= MAX_LIKELIHOOD_TABLE:  # read by dpsbi.experiment.reference ("likelihood")
         task.exact_log_likelihood = exact_log_likelihood

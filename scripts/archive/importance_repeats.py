@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from amortized_check import TASKS, exact_draws, load, prior_predictive  # noqa: E402
 
 import dpsbi  # noqa: E402
-from dpsbi.baselines import abc_is  # noqa: E402
+from dpsbi.baselines import corrected  # noqa: E402
 from dpsbi.metrics import c2st, mean_shift  # noqa: E402
 
 torch.set_num_threads(1)
@@ -30,15 +30,8 @@ proposals, repeats = int(sys.argv[2]), int(sys.argv[4])
 for i in [int(a) for a in sys.argv[3].split(",")]:
     exact = exact_draws(at, arguments, y[i], 2000, i, {})
     began = time.process_time()
-    result = abc_is(
-        posterior.task,
-        proposals,
-        proposal=posterior.proposal(y[i], epsilon=10.0),
-        y=y[i],
-        epsilon=10.0,
-        seed=i,
-        progress=False,
-        simulations_per_draw=repeats,
+    result = corrected(
+        posterior, proposals, y=y[i], epsilon=10.0, simulations_per_draw=repeats, seed=i, progress=False
     )
     corrected = result.resample(2000, torch.Generator().manual_seed(i))
     seconds = time.process_time() - began
