@@ -227,6 +227,24 @@ def test_naive_bayes_exact_posterior_agrees_with_abc_importance_sampling():
     assert (sd < task.prior.sample((4000,)).std(0).double() * 0.9).all()  # informative: not the prior
 
 
+def test_naive_bayes_exact_likelihood_is_the_simulators_mean_mechanism_density():
+    """``exact_log_likelihood`` against ``log mean eta(y | s)`` over 400 000 simulations at each theta (within 4
+    Monte Carlo standard errors, from the densities' spread), at the task's epsilon and, through
+    ``mechanism=with_epsilon(1)``, as the task built at epsilon 1 gives it."""
+    task = load("naive_bayes", epsilon=3.0, n=6, y_obs="simulate", seed=2)
+    theta = task.prior.sample((3,))
+    exact = task.exact_log_likelihood(theta)
+    for row, value in zip(theta, exact, strict=True):
+        s = task.simulate(row.expand(400_000, -1), GEN(7))
+        eta = task.mechanism.log_prob(task.y_obs.expand(len(s), -1), s).double().exp()
+        error = 4 * float(eta.std() / eta.mean()) / math.sqrt(len(s))  # of log mean eta
+        assert abs(float(value) - float(eta.mean().log())) < error
+    other = load("naive_bayes", epsilon=1.0, n=6, y_obs=task.y_obs[0].tolist())
+    at_one = task.exact_log_likelihood(theta, mechanism=task.mechanism.with_epsilon(1.0))
+    assert torch.allclose(at_one, other.exact_log_likelihood(theta), rtol=1e-12, atol=1e-12)
+    assert not hasattr(load("naive_bayes", values=3, y_obs="simulate"), "exact_log_likelihood")
+
+
 def test_naive_bayes_exact_posterior_only_for_binary_two_class_models():
     assert load("naive_bayes", values=3, y_obs="simulate").exact_posterior is None
     with pytest.raises(ValueError, match="release has 7 entries"):

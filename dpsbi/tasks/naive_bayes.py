@@ -8,7 +8,7 @@ from torch import Tensor
 from ..mechanisms import Laplace
 from . import register
 from .base import Task, observed_release
-from .naive_bayes_posterior import NaiveBayesPosterior
+from .naive_bayes_posterior import NaiveBayesPosterior, naive_bayes_log_likelihood
 from .simplex import BlockStickBreaking, ProductDirichlet, multinomial_counts
 
 N_RECORDS = 100
@@ -31,7 +31,9 @@ def make(
 ) -> Task:
     """``pi ~ Dir``, ``p_ik ~ Dir`` for each class i and feature k; ``n_i ~ Mult(n, pi)``,
     ``n_ik. ~ Mult(n_i, p_ik)``; statistic ``n_ikj / n`` (order i, k, j) with Laplace scale ``2K / (n eps)``.
-    Parameter vector: all ``p_ik`` (order i, k) then ``pi``."""
+    Parameter vector: all ``p_ik`` (order i, k) then ``pi``. With 2 classes and binary features the task carries
+    its exact posterior and ``exact_log_likelihood(theta, y=None, mechanism=None)`` (the latent counts summed
+    out; ``mechanism``: the task's, or another privacy level of it)."""
     dtype = torch.get_default_dtype()
     sizes = [values] * (classes * features) + [classes]
     prior = ProductDirichlet([torch.full((k,), concentration, dtype=dtype) for k in sizes])
@@ -64,7 +66,7 @@ def make(
     names = [
         f"p_{i + 1}{k + 1}[{j + 1}]" for i in range(classes) for k in range(features) for j in range(values)
     ]
-    return Task(
+    task = Task(
         name="naive_bayes",
         prior=prior,
         simulator=simulator,
@@ -78,3 +80,13 @@ def make(
         statistic_bounds=[[0.0] * mechanism.dim, [1.0] * mechanism.dim],  # proportions of the n records
         description="Naive Bayes log-linear model, n=100, 2 classes x 2 binary features, Laplace-noised counts.",
     )
+    if (classes, values) == (2, 2):
+
+        def exact_log_likelihood(theta: Tensor, y: Tensor | None = None, mechanism=None) -> Tensor:
+            """Exact ``log p(y | theta)`` ``(b,)`` (float64) at release ``y`` (default ``task.y_obs``) through
+            ``mechanism`` (default the task's)."""
+            y = task.y_obs if y is None else task.check_release(y)
+            return naive_bayes_log_likelihood(theta, y, task.mechanism if mechanism is None else mechanism, n)
+
+        task.exact_log_likelihood = exact_log_likelihood
+    return task

@@ -119,3 +119,38 @@ class NaiveBayesPosterior(Distribution):
     @property
     def variance(self) -> Tensor:
         return self._moments[1]
+
+
+def naive_bayes_log_likelihood(theta: Tensor, y: Tensor, mechanism, n: int, chunk: int = 128) -> Tensor:
+    """The exact ``log p(y | theta)`` ``(b,)`` (float64) of the naive Bayes task with 2 classes and binary
+    features, for ``theta (b, 4K + 2)`` (all ``p_ik`` in order i, k, then ``pi``) and a release ``y (4K,)`` of
+    ``n_ikj / n`` through ``mechanism`` (any whose noise is independent across cells): the latent counts summed
+    out as in :class:`NaiveBayesPosterior`, ``sum_{n_1} Bin(n_1; n, pi_1) prod_ik sum_a Bin(a; n_i, p_ik1)
+    eta(y_ik1 | a / n) eta(y_ik2 | (n_i - a) / n)``: ``O(n^2 K)`` a theta, in chunks of ``chunk`` rows."""
+    opts = dict(dtype=torch.float64, device=theta.device)
+    theta = theta.to(**opts).reshape(theta.shape[0], -1)
+    features = (theta.shape[1] - 2) // 4
+    grid = torch.arange(n + 1, **opts)
+    cells = torch.as_tensor(y, **opts).reshape(1, -1).expand(n + 1, -1)
+    log_eta = mechanism.coordinate_log_prob(cells, (grid / n)[:, None].expand_as(cells)).to(**opts)
+    log_eta = log_eta.T.reshape(2, features, 2, n + 1)  # (i, k, j, count)
+    m, a = grid[:, None], grid[None, :]  # a class's records m, and a of them with the feature's first value
+    below = a <= m
+    pairs = log_eta[:, :, 0, None, :] + log_eta[:, :, 1][..., (m - a).clamp(min=0).long()]  # (i, k, m, a)
+    choose = torch.lgamma(m + 1) - torch.lgamma(a + 1) - torch.lgamma((m - a).clamp(min=0) + 1)
+    fixed = torch.where(below, pairs + choose, -torch.inf)
+    out = []
+    for rows in theta.split(chunk):
+        p = rows[:, : 4 * features].reshape(-1, 2, features, 2, 1, 1)  # (b, i, k, j, m, a)
+        log_bin = torch.xlogy(a, p[:, :, :, 0]) + torch.xlogy(torch.where(below, m - a, 0.0), p[:, :, :, 1])
+        blocks = torch.logsumexp(log_bin + fixed, -1).sum(2)  # (b, i, m): each class's features given n_i = m
+        n1, pi = grid, rows[:, 4 * features :]
+        classes = (
+            torch.lgamma(torch.tensor(n + 1.0, **opts))
+            - torch.lgamma(n1 + 1)
+            - torch.lgamma(n - n1 + 1)
+            + torch.xlogy(n1, pi[:, :1])
+            + torch.xlogy(n - n1, pi[:, 1:])
+        )
+        out.append(torch.logsumexp(classes + blocks[:, 0] + blocks[:, 1].flip(-1), -1))
+    return torch.cat(out)
