@@ -261,7 +261,8 @@ class _Round:
 
     def step(self, data: tuple[Tensor, ...], rows: Tensor) -> Tensor:
         """One gradient step on the rows ``rows`` of ``data``; returns the batch's loss (detached, on the device).
-        Graphed: the first step of each batch size runs eagerly and is captured; later ones replay it."""
+        Graphed: the first step of each batch size runs eagerly and is captured; later ones replay it, reading
+        ``data`` where it was captured, so a round passes the same tensors at every step."""
         lr = learning_rate(self.settings, self.count, self.steps)
         if self.graphed:
             self.optimizer.param_groups[0]["lr"].fill_(lr)  # in place: the graph reads it from there
