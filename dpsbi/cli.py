@@ -322,7 +322,9 @@ def sample(argv: list[str] | None = None) -> None:
             raise ValueError("--summary goes with --releases (one summary row per release and parameter)")
         if args.num_samples < 1:
             raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
-        if args.correct is not None and (args.correct < 1 or (args.simulations_per_draw or 1) < 1):
+        if args.correct is not None and (
+            args.correct < 1 or (args.simulations_per_draw is not None and args.simulations_per_draw < 1)
+        ):
             raise ValueError(
                 f"--correct and --simulations-per-draw must be >= 1, got {args.correct} and {args.simulations_per_draw}"
             )
@@ -358,16 +360,13 @@ def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
     from .baselines import corrected
     from .baselines.correction import SIMULATIONS_PER_DRAW
 
-    if not hasattr(posterior, "proposal"):
-        raise ValueError(
-            f"--correct needs a posterior flow (SPPE, NaiveNPE), not a {posterior.method} likelihood"
-        )
+    repeats = SIMULATIONS_PER_DRAW if args.simulations_per_draw is None else args.simulations_per_draw
     result = corrected(
         posterior,
         args.correct,
         y=y,
         epsilon=args.epsilon,
-        simulations_per_draw=args.simulations_per_draw or SIMULATIONS_PER_DRAW,
+        simulations_per_draw=repeats,
         seed=args.seed,
         progress=False,
     )

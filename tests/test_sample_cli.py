@@ -222,6 +222,8 @@ def test_one_release_corrected_by_importance_sampling(saved, capsys):
         cli.sample([str(path), "--releases", "x.csv", "--correct", "100"])
     with pytest.raises(SystemExit, match="--correct and --simulations-per-draw must be >= 1"):
         cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "--correct", "0"])
+    with pytest.raises(SystemExit, match="--correct and --simulations-per-draw must be >= 1"):
+        cli.sample([str(path), "--release=0.5,-0.2", "--correct", "10", "--simulations-per-draw", "0"])
     with pytest.raises(SystemExit, match="--simulations-per-draw goes with --correct N"):
         cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "--simulations-per-draw", "4"])
 

@@ -13,7 +13,7 @@ import torch
 
 import dpsbi
 from dpsbi.inference import FlowSettings
-from dpsbi.inference.training import TrainingSettings, _Round, batches
+from dpsbi.inference.training import TrainingSettings, _Round, batches, compiles
 
 TINY = dict(
     sims_per_round=60,
@@ -149,6 +149,11 @@ def test_cuda_graphs_are_refused_where_they_cannot_run():
     assert not _Round(
         torch.nn.Linear(2, 2), dpsbi.inference.training.Loss(None), TrainingSettings(), 0, 10
     ).graphed
+    # a long round on CUDA compiles under compile="auto", unless cuda_graph=True asks for the graph instead
+    cuda = torch.device("cuda")
+    assert compiles(TrainingSettings(), cuda, 5000) and not compiles(
+        TrainingSettings(cuda_graph=True), cuda, 5000
+    )
 
 
 def test_the_one_hot_spline_is_zukos_spline_value_for_value():

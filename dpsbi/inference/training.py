@@ -191,10 +191,12 @@ def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
 
 
 def compiles(settings: TrainingSettings, device: torch.device, steps: int | None) -> bool:
-    """Whether a fit of ``steps`` steps (``None``: open-ended) compiles its loss (``compile``)."""
+    """Whether a fit of ``steps`` steps (``None``: open-ended) compiles its loss (``compile``); ``"auto"`` gives
+    way to ``cuda_graph=True``."""
     if settings.compile != "auto":
         return bool(settings.compile)
-    return device.type == "cuda" and (steps is None or steps >= COMPILE_MIN_STEPS)
+    wanted = settings.cuda_graph is not True
+    return wanted and device.type == "cuda" and (steps is None or steps >= COMPILE_MIN_STEPS)
 
 
 def graphs(settings: TrainingSettings, flow: nn.Module, compiled: bool) -> bool:
