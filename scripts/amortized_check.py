@@ -45,6 +45,7 @@ import torch
 from frontier import REFERENCE, reference_cache
 
 import dpsbi
+from dpsbi.baselines.correction import SIMULATIONS_PER_DRAW
 from dpsbi.experiment.reference import reference_posterior
 from dpsbi.metrics import SPREADS, c2st, mean_shift, spread_ratios
 
@@ -144,9 +145,10 @@ def shift_summary(shifts: list[list[float]]) -> dict:
 
 def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Tensor], args) -> dict:
     """The flow's draws corrected by importance sampling at each release ``y[i]``: ``dpsbi.baselines.corrected``
-    with ``--importance`` proposals from the flow mixed with the prior, each weighted by the mean of
-    ``--simulations-per-draw`` mechanism densities, resampled to ``--draws`` and scored as the flow's draws are;
-    with each release's effective sample size and CPU seconds."""
+    with ``--importance`` proposals from the flow mixed with the prior, each weighted by the task's exact
+    likelihood where it carries one, else by the mean of ``--simulations-per-draw`` mechanism densities,
+    resampled to ``--draws`` and scored as the flow's draws are; with each release's effective sample size and
+    CPU seconds."""
     from dpsbi.baselines import corrected
 
     scores, spreads, shifts, ess, seconds = [], [], [], [], []
@@ -282,7 +284,10 @@ def main() -> None:
         help="also score the draws corrected by importance sampling with this many proposals per release",
     )
     parser.add_argument(
-        "--simulations-per-draw", type=int, default=4, help="simulations averaged per proposal (--importance)"
+        "--simulations-per-draw",
+        type=int,
+        default=SIMULATIONS_PER_DRAW,
+        help="simulations averaged per proposal (--importance; tasks without an exact likelihood)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)

@@ -51,11 +51,11 @@ def corrected(
         )
     task = posterior.task
     exact = exact_likelihood(task)
-    if likelihood not in LIKELIHOODS or (likelihood == "exact" and exact is None):
+    if likelihood not in LIKELIHOODS:
+        raise ValueError(f"corrected: likelihood={likelihood!r} is not one of {LIKELIHOODS}")
+    if likelihood == "exact" and exact is None:
         raise ValueError(
-            f"corrected: likelihood={likelihood!r} is not one of {LIKELIHOODS}"
-            if likelihood not in LIKELIHOODS
-            else f"corrected: task {task.name!r} has no exact_log_likelihood(theta, y, mechanism=); use "
+            f"corrected: task {task.name!r} has no exact_log_likelihood(theta, y, mechanism=); use "
             "likelihood='simulated'"
         )
     y = posterior.default_x if y is None else y

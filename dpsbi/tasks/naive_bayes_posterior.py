@@ -139,18 +139,13 @@ def naive_bayes_log_likelihood(theta: Tensor, y: Tensor, mechanism, n: int, chun
     pairs = log_eta[:, :, 0, None, :] + log_eta[:, :, 1][..., (m - a).clamp(min=0).long()]  # (i, k, m, a)
     choose = torch.lgamma(m + 1) - torch.lgamma(a + 1) - torch.lgamma((m - a).clamp(min=0) + 1)
     fixed = torch.where(below, pairs + choose, -torch.inf)
+    choose_class = choose[n]  # log C(n, n_1) for n_1 = 0..n
     out = []
     for rows in theta.split(chunk):
         p = rows[:, : 4 * features].reshape(-1, 2, features, 2, 1, 1)  # (b, i, k, j, m, a)
         log_bin = torch.xlogy(a, p[:, :, :, 0]) + torch.xlogy(torch.where(below, m - a, 0.0), p[:, :, :, 1])
         blocks = torch.logsumexp(log_bin + fixed, -1).sum(2)  # (b, i, m): each class's features given n_i = m
-        n1, pi = grid, rows[:, 4 * features :]
-        classes = (
-            torch.lgamma(torch.tensor(n + 1.0, **opts))
-            - torch.lgamma(n1 + 1)
-            - torch.lgamma(n - n1 + 1)
-            + torch.xlogy(n1, pi[:, :1])
-            + torch.xlogy(n - n1, pi[:, 1:])
-        )
+        pi = rows[:, 4 * features :]
+        classes = choose_class + torch.xlogy(grid, pi[:, :1]) + torch.xlogy(n - grid, pi[:, 1:])
         out.append(torch.logsumexp(classes + blocks[:, 0] + blocks[:, 1].flip(-1), -1))
     return torch.cat(out)
