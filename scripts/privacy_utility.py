@@ -13,7 +13,9 @@ defaults (one torch thread), then
   ``--importance N``, also its draws corrected by importance sampling (``dpsbi.baselines.corrected``: N
   proposals from the flow mixed with the prior, 4 simulations each), with their effective sample size.
 
-One JSON line per row is appended to ``--out``; a task already finished in the file is skipped.
+One JSON line per row is appended to ``--out``; a task already finished in the file is skipped. With
+``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed run resumes there) and is saved
+as ``DIR/<task>.pt``; a fit found there is scored again without training.
 
 ``report``: reads those rows (from several files: a task's from the last file holding it) and the separate fits (``scripts/frontier.py run --defaults`` rows, whose last
 round's ``sd`` and ``width95`` are the fit's) and draws the figure, sd and width per parameter against epsilon.
@@ -99,6 +101,32 @@ def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals:
     return rows
 
 
+def fitted(name: str, task, args: argparse.Namespace) -> tuple:
+    """The amortized fit of ``task`` and its times: loaded from ``--posteriors`` when saved there (no times), else
+    trained (checkpointed there when given) and saved."""
+    saved = None if args.posteriors is None else args.posteriors / f"{name}.pt"
+    if saved is not None and saved.is_file():
+        return dpsbi.load_posterior(saved, task=task), {"loaded": str(saved)}
+    wall, cpu = time.perf_counter(), time.process_time()
+    settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
+    checkpoints = None if saved is None else args.posteriors / name
+    posterior = dpsbi.SPPE(
+        task,
+        amortized=True,
+        epsilon_range=RANGE,
+        progress=False,
+        seed=0,
+        checkpoint_dir=checkpoints,
+        **settings,
+    ).run()
+    if saved is not None:
+        posterior.save(saved)
+    return posterior, {
+        "fit_wall_s": round(time.perf_counter() - wall, 1),
+        "fit_cpu_s": round(time.process_time() - cpu, 1),
+    }
+
+
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     done = set()
@@ -108,15 +136,7 @@ def run(args: argparse.Namespace) -> None:
         if name in done:
             continue
         task = build_task({"name": name, "epsilon": 1.0})
-        wall, cpu = time.perf_counter(), time.process_time()
-        settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
-        posterior = dpsbi.SPPE(
-            task, amortized=True, epsilon_range=RANGE, progress=False, seed=0, **settings
-        ).run()
-        fit = {
-            "fit_wall_s": round(time.perf_counter() - wall, 1),
-            "fit_cpu_s": round(time.process_time() - cpu, 1),
-        }
+        posterior, fit = fitted(name, task, args)
         rows = curve(task, posterior, args.releases, args.draws)
         rows += at_stored(name, posterior, args.draws, args.reference, args.importance)
         rows.append({"kind": "fit", **fit, "done": True})
@@ -254,6 +274,9 @@ def main() -> None:
         type=int,
         default=0,
         help="also correct the draws at the stored releases by importance sampling with this many proposals",
+    )
+    r.add_argument(
+        "--posteriors", type=Path, help="checkpoint and save each fit here; one saved there is scored again"
     )
     r.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("report")
