@@ -26,8 +26,10 @@ likelihood (about 42 CPU seconds a release). One JSON line per (task, epsilon) i
 one per task for the fit; a task whose fit line is in the file is skipped (a killed run resumes at its task).
 With ``--posteriors DIR`` each fit is saved there, and a fit found there is scored again without training.
 With ``--importance N`` each release is also scored after importance sampling corrects the flow's draws
-(``abc_is`` with ``posterior.proposal``, N proposals; the row's ``importance``): C2ST, spreads, mean shift, the
-effective sample size and the CPU seconds per release (SBC and TARP stay the flow's).
+(``dpsbi.baselines.corrected``, N proposals in two stages, ``--adapt``; the row's ``importance``): C2ST, spreads,
+mean shift, the effective sample sizes (both stages' and the first's) and the CPU seconds per release. SBC and TARP
+stay the flow's; with ``--importance-calibration M`` they are also run on the corrected draws (M proposals a
+pair, over the same ``--pairs``; the row's ``importance_calibration``).
 
     .venv/bin/python scripts/amortized_check.py --out results/amortized_check.jsonl
     .venv/bin/python scripts/amortized_check.py --tasks poisson_counts --rounds 1 --releases 3 --pairs 20 --out /tmp/a.jsonl
@@ -45,7 +47,7 @@ import torch
 from frontier import REFERENCE, reference_cache
 
 import dpsbi
-from dpsbi.baselines.correction import SIMULATIONS_PER_DRAW
+from dpsbi.baselines.correction import ADAPT, SIMULATIONS_PER_DRAW
 from dpsbi.experiment.reference import reference_posterior
 from dpsbi.metrics import SPREADS, c2st, mean_shift, spread_ratios
 
@@ -100,12 +102,45 @@ def exact_draws(task, arguments: dict, y: torch.Tensor, n: int, seed: int, refer
         return task.exact_posterior(y[None]).sample((n,)).reshape(n, -1)
 
 
+class Corrected:
+    """``posterior``'s draws corrected at each release (``dpsbi.baselines.corrected``, ``proposals`` a release, at
+    ``epsilon``) and resampled, behind the one call sbi's SBC and TARP make, ``sample_batched((n,), x=xs)``
+    ``(n, B, dim_theta)``. The last batch's draws are kept, so that TARP on the releases SBC saw reuses them."""
+
+    def __init__(self, posterior, epsilon: float, proposals: int, adapt: float) -> None:
+        self.posterior, self.epsilon, self.proposals, self.adapt = posterior, epsilon, proposals, adapt
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def sample_batched(self, sample_shape, x: torch.Tensor, **_) -> torch.Tensor:
+        from dpsbi.baselines import corrected
+
+        if self.last is not None and torch.equal(self.last[0], x):
+            return self.last[1]
+        (n,) = sample_shape
+        draws = []
+        for i, release in enumerate(x):
+            result = corrected(
+                self.posterior,
+                self.proposals,
+                y=release,
+                epsilon=self.epsilon,
+                adapt=self.adapt,
+                seed=i,
+                progress=False,
+            )
+            draws.append(result.resample(n, torch.Generator().manual_seed(i)))
+        self.last = (x.clone(), torch.stack(draws, 1))
+        return self.last[1]
+
+
 def calibration(task, posterior, pairs: int, seed: int) -> dict:
-    """sbi's SBC and TARP over ``pairs`` prior-predictive pairs at the task's epsilon."""
+    """sbi's SBC and TARP over ``pairs`` prior-predictive pairs at the task's epsilon; ``posterior``: a flow, or
+    :class:`Corrected`."""
     from sbi.diagnostics import check_sbc, check_tarp, run_sbc, run_tarp
 
     theta, y = prior_predictive(task, pairs, seed)
-    posterior.set_default_epsilon(task.epsilon)
+    if hasattr(posterior, "set_default_epsilon"):
+        posterior.set_default_epsilon(task.epsilon)
     torch.manual_seed(seed)
     ranks, dap = run_sbc(theta, y, posterior, num_posterior_samples=500, show_progress_bar=False)
     sbc = check_sbc(ranks, task.prior.sample((pairs,)), dap, num_posterior_samples=500)
@@ -151,7 +186,7 @@ def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Ten
     CPU seconds."""
     from dpsbi.baselines import corrected
 
-    scores, spreads, shifts, ess, seconds = [], [], [], [], []
+    scores, spreads, shifts, ess, ess_first, seconds = [], [], [], [], [], []
     for i, release in enumerate(y):
         began = time.process_time()
         result = corrected(
@@ -160,9 +195,11 @@ def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Ten
             y=release,
             epsilon=epsilon,
             simulations_per_draw=args.simulations_per_draw,
+            adapt=args.adapt,
             seed=i,
             progress=False,
         )
+        ess_first.append(round(result.info["ess_first"]))
         draws = result.resample(args.draws, torch.Generator().manual_seed(i))
         seconds.append(time.process_time() - began)
         ess.append(round(result.ess))
@@ -172,6 +209,7 @@ def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Ten
     return {
         "proposals": args.importance,
         "simulations_per_draw": args.simulations_per_draw,
+        "adapt": args.adapt,
         "c2st": scores,
         "c2st_mean": round(statistics.mean(scores), 4),
         "c2st_worst": max(scores),
@@ -179,6 +217,7 @@ def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Ten
         **shift_summary(shifts),
         "ess": ess,
         "ess_min": min(ess),
+        "ess_first": ess_first,
         "cpu_s_per_release": round(statistics.median(seconds), 2),
     }
 
@@ -224,6 +263,14 @@ def check(name: str, args: argparse.Namespace) -> None:
         spreads = [spread_ratios(draws[:, i], exact[i]) for i in range(args.releases)]
         shifts = [mean_shift(draws[:, i], exact[i]) for i in range(args.releases)]
         corrected = {"importance": importance(posterior, y, epsilon, exact, args)} if args.importance else {}
+        if args.importance_calibration:
+            began = time.process_time()
+            sampler = Corrected(posterior, epsilon, args.importance_calibration, args.adapt)
+            corrected["importance_calibration"] = {
+                "proposals": args.importance_calibration,
+                **calibration(at, sampler, args.pairs, seed=200 + k),
+                "cpu_s": round(time.process_time() - began, 1),
+            }
         row = {
             "task": name,
             "epsilon": epsilon,
@@ -289,10 +336,22 @@ def main() -> None:
         default=SIMULATIONS_PER_DRAW,
         help="simulations averaged per proposal (--importance; tasks without an exact likelihood)",
     )
+    parser.add_argument(
+        "--adapt",
+        type=float,
+        default=ADAPT,
+        help="the adapted second stage's share of the proposals (--importance; 0: the flow's proposal alone)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
         "--posteriors", type=Path, help="save each fit here as <task>.pt; one found there is scored again"
+    )
+    parser.add_argument(
+        "--importance-calibration",
+        type=int,
+        default=0,
+        help="also run SBC and TARP on corrected draws, with this many proposals a pair",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)

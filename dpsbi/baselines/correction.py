@@ -3,7 +3,14 @@ prior) as the proposal, each draw weighted by the prior over the proposal times 
 release, so that the weighted draws are consistent for the exact private posterior whatever the flow's error,
 and the effective sample size says how far the flow was. The likelihood is the task's exact one where it carries
 one (``task.exact_log_likelihood``, e.g. census tables), else the mechanism's density averaged over simulations
-(:func:`~dpsbi.baselines.exact_abc.abc_is`, exact ABC's importance form)."""
+(an unbiased estimate, as in exact ABC's importance form, :func:`~dpsbi.baselines.exact_abc.abc_is`).
+
+Where the flow sits a posterior sd or more off at a release, its weights collapse onto a few draws. So the draws
+come in two stages (adaptive multiple importance sampling, Cornuet et al. 2012): the first from the flow's
+proposal, the second from a Gaussian in the task's unconstrained space fitted to the first stage's weighted draws;
+every draw of both is weighted against the mixture of the two proposals in their shares (the balance heuristic,
+Veach & Guibas 1995; Owen & Zhou 2000), which keeps the weights bounded by the flow's defensive prior share and the
+estimate consistent."""
 
 from __future__ import annotations
 
@@ -12,15 +19,22 @@ import math
 
 import torch
 from torch import Tensor
+from torch.distributions import Distribution, MultivariateNormal, TransformedDistribution
+from tqdm.auto import tqdm
 
-from .exact_abc import _at_epsilon, abc_is, kish_ess, log_prior, normalize, seeded
+from ..tasks import Task
+from .exact_abc import _at_epsilon, kish_ess, log_prior, mechanism_log_weights, normalize, seeded
 from .result import BaselineResult
 
 #: Simulations averaged per proposal by default: at regression's worst epsilon-10 release, 4 gave 2.7x the
 #: effective sample size of 1 for 1.3x the CPU time (docs/RESULTS.md, "Correcting the flow at a release").
 SIMULATIONS_PER_DRAW = 4
+#: The share of draws from the adapted second stage by default (docs/RESULTS.md, "The adapted second stage").
+ADAPT = 0.5
 #: ``likelihood``: the task's exact one where it has it, or simulated.
 LIKELIHOODS = ("auto", "exact", "simulated")
+#: Draws whose likelihood is evaluated at once (simulated: divided by ``simulations_per_draw``).
+BATCH = 100_000
 
 
 def corrected(
@@ -30,20 +44,29 @@ def corrected(
     epsilon: float | None = None,
     simulations_per_draw: int = SIMULATIONS_PER_DRAW,
     defensive: float = 0.1,
+    adapt: float = ADAPT,
     likelihood: str = "auto",
     seed: int | None = None,
     progress: bool = True,
 ) -> BaselineResult:
-    """``num_draws`` weighted draws of the exact private posterior at release ``y (dim_y,)`` (default: the
-    posterior's ``default_x``) and privacy level ``epsilon`` (default: the task's), proposed by
-    ``posterior.proposal(y, epsilon=epsilon, defensive=defensive)`` (the flow mixed with the prior at weight
-    ``defensive``). ``likelihood``: ``"exact"`` weights by ``task.exact_log_likelihood(theta, y, mechanism=)``
-    (no simulation); ``"simulated"`` by the mechanism's density averaged over ``simulations_per_draw``
-    simulations (:func:`abc_is`: unbiased, but noisy where the simulator's own spread at a fixed parameter is large
-    against the noise); ``"auto"``: exact where the task has it. ``result.ess`` (Kish) is the check: far below
-    ``num_draws``, the flow missed the posterior or the likelihood estimate is too noisy, and resampled draws
-    repeat; ``result.info["likelihood"]`` says which was used. ``posterior``: a posterior flow (``task``,
-    ``proposal``, ``default_x``: SPPE's and NaiveNPE's); a likelihood posterior is refused in one line."""
+    """``num_draws`` weighted draws ``(num_draws, dim_theta)`` of the exact private posterior at release
+    ``y (dim_y,)`` (default: the posterior's ``default_x``) and privacy level ``epsilon`` (default: the task's).
+
+    The first ``(1 - adapt) * num_draws`` come from ``posterior.proposal(y, epsilon=epsilon,
+    defensive=defensive)`` (the flow mixed with the prior at weight ``defensive``), the rest from a Gaussian in the
+    task's unconstrained space (``task.transform``) fitted to their weighted draws; all are weighted against the
+    two proposals' mixture (``adapt=0`` is plain importance sampling from the flow's proposal). The adaptation is
+    skipped (the second stage drawn from the first's proposal, ``info["adapted"]`` False) where the first stage's
+    effective sample size is below twice the unconstrained dimension, too few to fit a covariance.
+
+    ``likelihood``: ``"exact"`` weights by ``task.exact_log_likelihood(theta, y, mechanism=)`` (no simulation);
+    ``"simulated"`` by the mechanism's density averaged over ``simulations_per_draw`` simulations (unbiased, but
+    noisy where the simulator's own spread at a fixed parameter is large against the noise); ``"auto"``: exact
+    where the task has it. ``result.ess`` (Kish) is the check: far below ``num_draws``, the flow missed the
+    posterior or the likelihood estimate is too noisy, and resampled draws repeat; ``result.info`` holds
+    ``likelihood`` (which was used), ``ess_first`` (the first stage's own) and ``adapted``. ``posterior``: a
+    posterior flow (``task``, ``proposal``, ``default_x``: SPPE's and NaiveNPE's); a likelihood posterior is
+    refused in one line."""
     if not hasattr(posterior, "proposal"):
         raise ValueError(
             f"corrected needs a posterior flow (SPPE, NaiveNPE), not a {getattr(posterior, 'method', '?')} "
@@ -58,34 +81,89 @@ def corrected(
             f"corrected: task {task.name!r} has no exact_log_likelihood(theta, y, mechanism=); use "
             "likelihood='simulated'"
         )
-    y = posterior.default_x if y is None else y
-    proposal = posterior.proposal(y, epsilon=epsilon, defensive=defensive)
-    if likelihood == "simulated" or exact is None:
-        result = abc_is(
-            task,
-            num_draws,
-            proposal=proposal,
-            y=y,
-            epsilon=epsilon,
-            seed=seed,
-            progress=progress,
-            simulations_per_draw=simulations_per_draw,
+    if not 0 <= adapt < 1:
+        raise ValueError(
+            f"corrected: adapt must be in [0, 1): the second stage's share of draws, got {adapt}"
         )
-        result.info["likelihood"] = "simulated"
-        return result
+    if int(num_draws) < 2 or int(simulations_per_draw) < 1:
+        raise ValueError(
+            f"corrected needs num_draws >= 2 and simulations_per_draw >= 1, got {num_draws} and "
+            f"{simulations_per_draw}"
+        )
+    y = posterior.default_x if y is None else y
+    first = posterior.proposal(y, epsilon=epsilon, defensive=defensive)
     mechanism = task.mechanism if epsilon is None else _at_epsilon(task, epsilon, "corrected")
-    with seeded(seed):
-        theta = proposal.sample((int(num_draws),))
-    log_w = log_prior(task, theta).double() - proposal.log_prob(theta).double()
-    inside = torch.isfinite(log_w)
-    log_w[inside] += exact(theta[inside], y, mechanism=mechanism).to(log_w)
+    simulated = likelihood == "simulated" or exact is None
+    repeats = int(simulations_per_draw) if simulated else 0
+    y = torch.as_tensor(y).reshape(1, -1)
+    n_second = round(adapt * int(num_draws))
+    n_first = int(num_draws) - n_second
+    with seeded(seed), tqdm(total=int(num_draws), desc="corrected", disable=not progress) as bar:
+
+        def log_target(theta: Tensor) -> Tensor:
+            """``log prior + log likelihood`` of ``theta (n, dim_theta)`` as float64 ``(n,)``, batch by batch."""
+            parts = []
+            for chunk in theta.split(max(BATCH // max(repeats, 1), 1)):
+                lp = log_prior(task, chunk).double()
+                if simulated:
+                    lp = mechanism_log_weights(
+                        task, chunk, lp, y.to(chunk), mechanism=mechanism, repeats=repeats
+                    ).double()
+                else:
+                    inside = torch.isfinite(lp)
+                    lp[inside] += exact(chunk[inside], y, mechanism=mechanism).double()
+                parts.append(lp)
+                bar.update(chunk.shape[0])
+            return torch.cat(parts)
+
+        theta = first.sample((n_first,))
+        log_p = log_target(theta)
+        log_w = log_p - first.log_prob(theta).double()
+        ess_first = kish_ess(normalize(log_w, "corrected"))
+        second = _adapted(task, theta, log_w) if ess_first >= 2 * task.dim_unconstrained else None
+        if n_second:
+            extra = (second or first).sample((n_second,)).to(theta)
+            theta, log_p = torch.cat([theta, extra]), torch.cat([log_p, log_target(extra)])
+            log_w = log_p - _mixture_log_prob(theta, first, second, n_first / int(num_draws))
+    log_w = torch.where(log_w.isnan(), -math.inf, log_w)
     weights = normalize(log_w, "corrected").to(theta.dtype)  # computed in float64
     info = {
         "ess": kish_ess(weights),
+        "ess_first": ess_first,
+        "adapted": bool(n_second and second is not None),
         "log_evidence": float(torch.logsumexp(log_w, 0)) - math.log(log_w.numel()),
-        "likelihood": "exact",
+        "likelihood": "simulated" if simulated else "exact",
     }
-    return BaselineResult(theta, 0, weights=weights, info=info)
+    simulations = int(torch.isfinite(log_prior(task, theta)).sum()) * repeats
+    return BaselineResult(theta, simulations, weights=weights, info=info)
+
+
+def _adapted(task: Task, theta: Tensor, log_w: Tensor) -> Distribution:
+    """A Gaussian in ``task``'s unconstrained space with the weighted mean and covariance of ``theta
+    (n, dim_theta)`` under weights ``exp(log_w) (n,)``, mapped onto the prior's support by ``task.transform``: a
+    distribution over ``(dim_theta,)`` in float64."""
+    w = normalize(log_w, "corrected").double()
+    z = task.transform.inv(theta.double())
+    keep = w > 0  # draws of weight zero can sit on the support's edge, where the inverse is infinite
+    z, w = z[keep], w[keep]
+    mean = w @ z
+    centred = z - mean
+    covariance = (centred * w[:, None]).T @ centred
+    ridge = 1e-9 * covariance.diagonal().mean() * torch.eye(z.shape[-1], dtype=z.dtype)
+    gaussian = MultivariateNormal(mean, covariance_matrix=covariance + ridge)
+    return TransformedDistribution(gaussian, [task.transform])
+
+
+def _mixture_log_prob(
+    theta: Tensor, first: Distribution, second: Distribution | None, share: float
+) -> Tensor:
+    """``log(share q_1 + (1 - share) q_2)`` of ``theta (n, dim_theta)`` as float64 ``(n,)``; ``q_1`` alone where
+    there is no ``second``."""
+    log_first = first.log_prob(theta).double()
+    if second is None:
+        return log_first
+    log_second = second.log_prob(theta.double())
+    return torch.logaddexp(math.log(share) + log_first, math.log1p(-share) + log_second)
 
 
 def exact_likelihood(task):

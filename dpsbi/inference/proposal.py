@@ -5,7 +5,7 @@ tails (docs/RESULTS.md, "Epsilon 10's errors are in the posterior's place"). Wei
 private posterior over the proposal corrects that: with the mechanism as kernel, ``prior(theta) eta(y | s) /
 proposal(theta)`` for one simulation ``s`` of ``theta`` is an unbiased estimate of the posterior over the
 proposal up to a constant, so the self-normalized weighted draws are consistent whatever the flow's error
-(``dpsbi.baselines.corrected(posterior, n, y=y)``, which calls ``abc_is`` with this proposal; Gong 2022, Sec. 3; the same correction as
+(``dpsbi.baselines.corrected(posterior, n, y=y)``, which samples from it in its first stage; Gong 2022, Sec. 3; the same correction as
 DINGO-IS, Dax et al. 2023). The flow is mixed with the prior (a defensive mixture, Hesterberg 1995), so that no
 weight exceeds ``1 / defensive`` times its likelihood, however thin the flow's tails; the weights' effective sample
 size then says how far the flow was from the posterior.
