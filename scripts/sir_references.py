@@ -5,7 +5,7 @@ the ``sir`` task's (``--epsilon``) and the privatized real outbreaks' (``--outbr
 Self-normalised importance sampling of the exact private posterior, ``w = prior / q * eta(y_obs | s)`` with
 ``s`` from the exact simulator (the binomial mechanism is the kernel: consistent, no tolerance):
 
-1. proposal q0: a defensive Gaussian mixture (``reference.defensive_proposal``) fitted to an importance
+1. proposal q0: a defensive Gaussian mixture (``dpsbi.baselines.fitted_proposal``) fitted to an importance
    reference of the tau-leap model (SMC-ABC pilot with the mechanism kernel, then ``--tau-draws`` draws);
 2. ``--refit-draws`` exact-model draws from q0; q1 = the defensive mixture refitted to them (``--refits`` > 1:
    again, each q_k+1 refitted to all weighted draws so far, for a posterior the first refit misses);
@@ -35,8 +35,9 @@ import torch
 import dpsbi
 from dpsbi.baselines import abc_is, smc_abc
 from dpsbi.baselines.exact_abc import kish_ess
+from dpsbi.baselines.fitted_proposal import fitted_proposal
 from dpsbi.experiment import stored_references
-from dpsbi.experiment.reference import defensive_proposal, smoothed_resample
+from dpsbi.experiment.reference import smoothed_resample
 from dpsbi.files import atomic_save
 from dpsbi.tasks.sir import OUTBREAKS
 
@@ -85,7 +86,7 @@ def tau_leap_proposal(name: str, kwargs: dict, particles: int, draws: int, work:
         start = time.time()
         pilot = smc_abc(tau, num_particles=particles, kernel="mechanism", seed=seed, progress=False)
         refit = abc_is(
-            tau, draws, defensive_proposal(tau, pilot.samples, pilot.weights), seed=seed + 1, progress=False
+            tau, draws, fitted_proposal(tau, pilot.samples, pilot.weights), seed=seed + 1, progress=False
         )
         atomic_save({"samples": refit.samples, "weights": refit.weights, "ess": refit.info["ess"]}, path)
         print(
@@ -141,14 +142,14 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     task = dpsbi.tasks.load(name, **kwargs, simulator="exact")
     tau = tau_leap_proposal(name, kwargs, args.tau_particles, args.tau_draws, work, args.seed)
-    proposal = defensive_proposal(task, tau["samples"], tau["weights"])
+    proposal = fitted_proposal(task, tau["samples"], tau["weights"])
     split, stages = args.refit_draws // args.chunk, []
     for k in range(args.refits + 1):  # stage k draws from q_k; the last one up to --draws
         last = args.draws // args.chunk if k == args.refits else (k + 1) * split
         stages.append(chunked_is(task, proposal, k * split, last, args.chunk, work, f"q{k}", args.seed))
         theta, log_w = (torch.cat(parts) for parts in zip(*stages))
         if k < args.refits:
-            proposal = defensive_proposal(task, theta, torch.softmax(log_w.double(), 0).to(theta))
+            proposal = fitted_proposal(task, theta, torch.softmax(log_w.double(), 0).to(theta))
     ess = kish(log_w)
     weights = torch.softmax(log_w.double(), 0)[:, None]
     draws, bandwidth = smoothed_resample(

@@ -190,15 +190,16 @@ def test_the_second_stage_lives_on_the_prior_support_of_a_simplex_task():
     stick-breaking space and mapped back, so its draws lie on the product of simplices with finite densities;
     fitted to prior draws weighted towards a concentrated Dirichlet it is a good proposal for it (importance
     weights of that Dirichlet over it keep most of their draws effective)."""
-    from dpsbi.baselines.correction import _adapted
     from dpsbi.baselines.exact_abc import kish_ess
+    from dpsbi.baselines.fitted_proposal import fitted_proposal
     from dpsbi.tasks.simplex import ProductDirichlet
 
     task = load("naive_bayes")
     torch.manual_seed(0)
     theta = task.prior.sample((40_000,))
     target = ProductDirichlet([torch.tensor([12.0, 4.0])] * 4 + [torch.tensor([5.0, 10.0])])
-    gaussian = _adapted(task, theta, target.log_prob(theta) - task.prior.log_prob(theta))
+    log_w = (target.log_prob(theta) - task.prior.log_prob(theta)).double()
+    gaussian = fitted_proposal(task, theta.double(), torch.softmax(log_w, 0), ((1.0,), (1.0,)))
     draws = gaussian.sample((20_000,))
     assert draws.shape == (20_000, task.dim_theta)
     assert task.prior.support.check(draws).all()

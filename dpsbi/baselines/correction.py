@@ -19,11 +19,11 @@ import math
 
 import torch
 from torch import Tensor
-from torch.distributions import Distribution, MultivariateNormal, TransformedDistribution
+from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
-from ..tasks import Task
 from .exact_abc import _at_epsilon, kish_ess, log_prior, mechanism_log_weights, normalize, seeded
+from .fitted_proposal import fitted_proposal
 from .result import BaselineResult
 
 #: Simulations averaged per proposal by default: at regression's worst epsilon-10 release, 4 gave 2.7x the
@@ -120,9 +120,13 @@ def corrected(
         log_p = log_target(theta)
         log_w = log_p - first.log_prob(theta).double()
         ess_first = kish_ess(normalize(log_w, "corrected"))
-        second = _adapted(task, theta, log_w) if ess_first >= 2 * task.dim_unconstrained else None
+        second = (
+            fitted_proposal(task, theta.double(), normalize(log_w, "corrected"), ((1.0,), (1.0,)))
+            if ess_first >= 2 * task.dim_unconstrained
+            else None
+        )
         if n_second:
-            extra = (second or first).sample((n_second,)).to(theta)
+            extra = (first if second is None else second).sample((n_second,)).to(theta)
             theta, log_p = torch.cat([theta, extra]), torch.cat([log_p, log_target(extra)])
             log_w = log_p - _mixture_log_prob(theta, first, second, n_first / int(num_draws))
     log_w = torch.where(log_w.isnan(), -math.inf, log_w)
@@ -136,22 +140,6 @@ def corrected(
     }
     simulations = int(torch.isfinite(log_prior(task, theta)).sum()) * repeats
     return BaselineResult(theta, simulations, weights=weights, info=info)
-
-
-def _adapted(task: Task, theta: Tensor, log_w: Tensor) -> Distribution:
-    """A Gaussian in ``task``'s unconstrained space with the weighted mean and covariance of ``theta
-    (n, dim_theta)`` under weights ``exp(log_w) (n,)``, mapped onto the prior's support by ``task.transform``: a
-    distribution over ``(dim_theta,)`` in float64."""
-    w = normalize(log_w, "corrected").double()
-    z = task.transform.inv(theta.double())
-    keep = w > 0  # draws of weight zero can sit on the support's edge, where the inverse is infinite
-    z, w = z[keep], w[keep]
-    mean = w @ z
-    centred = z - mean
-    covariance = (centred * w[:, None]).T @ centred
-    ridge = 1e-9 * covariance.diagonal().mean() * torch.eye(z.shape[-1], dtype=z.dtype)
-    gaussian = MultivariateNormal(mean, covariance_matrix=covariance + ridge)
-    return TransformedDistribution(gaussian, [task.transform])
 
 
 def _mixture_log_prob(

@@ -23,14 +23,9 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.distributions import (
-    Categorical,
-    Distribution,
-    MixtureSameFamily,
-    MultivariateNormal,
-    TransformedDistribution,
-)
+from torch.distributions import MultivariateNormal
 
+from ..baselines.fitted_proposal import fitted_proposal, unconstrained_moments
 from ..files import CorruptFileError, atomic_write_text, exclusive, load_sealed, save_sealed
 from ..tasks import Task
 from ..tasks.identity import model_key
@@ -91,34 +86,6 @@ def _rejection(task: Task, num_samples: int, settings: dict, seed: int, progress
     return Reference(result.samples, "rejection", True, note, result.num_simulations)
 
 
-def unconstrained_moments(
-    task: Task, samples: Tensor, weights: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Weighted draws ``samples (n, dim_theta)`` in the task's unconstrained space, in float64: the points
-    ``z (n, dim)``, the normalised weights ``(n,)``, and their weighted mean ``(dim,)`` and covariance ``(dim, dim)``."""
-    z = task.transform.inv(samples).double()
-    w = weights.double() / weights.double().sum()
-    mean = (w[:, None] * z).sum(0)
-    centred = z - mean
-    return z, w, mean, (w[:, None] * centred).T @ centred
-
-
-def defensive_proposal(task: Task, samples: Tensor, weights: Tensor) -> Distribution:
-    """A proposal that covers weighted draws ``samples (n, dim_theta)``: in the task's unconstrained space,
-    ``0.8 N(m, 1.5^2 C) + 0.2 N(m, 3^2 C)`` with ``(m, C)`` the draws' weighted mean and covariance, mapped back
-    by ``task.transform`` (event shape ``(dim_theta,)``). Wider than the posterior, so weights stay bounded."""
-    z, _, mean, cov = unconstrained_moments(task, samples, weights)
-    cov = cov + 1e-9 * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
-    tril = torch.linalg.cholesky(cov).to(samples.dtype)
-    components = MultivariateNormal(
-        mean.to(samples.dtype).expand(2, -1), scale_tril=torch.stack([1.5 * tril, 3.0 * tril])
-    )
-    mixture = MixtureSameFamily(
-        Categorical(torch.tensor([0.8, 0.2], dtype=samples.dtype, device=z.device)), components
-    )
-    return TransformedDistribution(mixture, [task.transform])
-
-
 def smoothed_resample(
     task: Task, samples: Tensor, weights: Tensor, n: int, generator: torch.Generator
 ) -> tuple[Tensor, float]:
@@ -152,14 +119,14 @@ def _importance(task: Task, num_samples: int, settings: dict, seed: int, progres
     refit = abc_is(
         task,
         max(draws // 10, particles),
-        defensive_proposal(task, pilot.samples, pilot.weights),
+        fitted_proposal(task, pilot.samples, pilot.weights),
         seed=seed + 1,
         progress=progress,
     )
     result = abc_is(
         task,
         draws,
-        proposal=defensive_proposal(task, refit.samples, refit.weights),
+        proposal=fitted_proposal(task, refit.samples, refit.weights),
         seed=seed + 2,
         progress=progress,
     )
@@ -204,7 +171,7 @@ def _mode_and_curvature(log_post: Callable[[Tensor], Tensor], start: Tensor) -> 
 def likelihood_importance(task: Task, draws: int, num_samples: int, seed: int = 0) -> tuple[Tensor, dict]:
     """Reference draws from the task's exact likelihood ``task.exact_log_likelihood(theta)`` (at ``task.y_obs``):
     self-normalised importance sampling in the unconstrained space from a defensive Gaussian mixture
-    (``0.8 N(m, 1.5^2 C) + 0.2 N(m, 3^2 C)``, :func:`defensive_proposal`) fitted to ``draws / 10`` pilot draws
+    (``0.8 N(m, 1.5^2 C) + 0.2 N(m, 3^2 C)``, :func:`~dpsbi.baselines.fitted_proposal.fitted_proposal`) fitted to ``draws / 10`` pilot draws
     around the Laplace approximation (the posterior mode and inverse curvature), then ``draws`` draws.
     ``num_samples`` unweighted draws ``(num_samples, dim_theta)`` in random order come from systematic
     resampling when no draw would be repeated (``num_samples x`` the largest weight ``<= 1``: the draws are
@@ -229,7 +196,7 @@ def likelihood_importance(task: Task, draws: int, num_samples: int, seed: int = 
         gaussian = MultivariateNormal(mode, 4 * cov)
         log_w = log_post(pilot) - gaussian.log_prob(pilot)
         theta_pilot = space(pilot.to(torch.get_default_dtype()))
-        proposal = defensive_proposal(task, theta_pilot, torch.softmax(log_w, 0).to(theta_pilot))
+        proposal = fitted_proposal(task, theta_pilot, torch.softmax(log_w, 0).to(theta_pilot))
         theta = proposal.sample((draws,))
         z = space.inv(theta).double()
         # both densities in z: the proposal's mixture itself (its log_prob at theta would divide by the Jacobian
