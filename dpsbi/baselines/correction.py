@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
-from .exact_abc import _at_epsilon, kish_ess, log_prior, mechanism_log_weights, normalize, seeded
+from .exact_abc import _at_epsilon, kish_ess, mechanism_log_weights, normalize, seeded
 from .fitted_proposal import fitted_proposal
 from .result import BaselineResult
 
@@ -104,7 +104,7 @@ def corrected(
             """``log prior + log likelihood`` of ``theta (n, dim_theta)`` as float64 ``(n,)``, batch by batch."""
             parts = []
             for chunk in theta.split(max(BATCH // max(repeats, 1), 1)):
-                lp = log_prior(task, chunk).double()
+                lp = task.log_prior(chunk).double()
                 if simulated:
                     lp = mechanism_log_weights(
                         task, chunk, lp, y.to(chunk), mechanism=mechanism, repeats=repeats
@@ -138,7 +138,7 @@ def corrected(
         "log_evidence": float(torch.logsumexp(log_w, 0)) - math.log(log_w.numel()),
         "likelihood": "simulated" if simulated else "exact",
     }
-    simulations = int(torch.isfinite(log_prior(task, theta)).sum()) * repeats
+    simulations = int(torch.isfinite(task.log_prior(theta)).sum()) * repeats
     return BaselineResult(theta, simulations, weights=weights, info=info)
 
 

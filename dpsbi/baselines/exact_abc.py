@@ -51,18 +51,6 @@ def target_release(task: Task, y: Tensor | None, method: str) -> Tensor:
     return y
 
 
-def log_prior(task: Task, theta: Tensor) -> Tensor:
-    """``log prior(theta)`` of shape ``(n,)`` for ``theta (n, dim_theta)``: ``-inf`` outside the prior's support
-    (where ``Distribution.log_prob`` would raise) and where the density is not a number."""
-    support = task.prior.support
-    inside = support.check(theta)
-    if support.event_dim == 0:
-        inside = inside.all(-1)
-    safe = torch.where(inside[:, None], theta, task.prior.mean.to(theta).expand_as(theta))
-    lp = task.prior.log_prob(safe)
-    return torch.where(inside & ~lp.isnan(), lp, -math.inf)
-
-
 def normalize(log_weights: Tensor, method: str) -> Tensor:
     """Normalized weights ``(n,)`` from unnormalized log weights; raises when every weight is zero."""
     if not torch.isfinite(log_weights).any():
@@ -215,7 +203,7 @@ def abc_is(
     with seeded(seed), tqdm(total=num_simulations, desc=method, disable=not progress) as bar:
         for start in range(0, num_simulations, batch_size):
             theta = proposal.sample((min(batch_size, num_simulations - start),)).to(y)
-            log_ratio = log_prior(task, theta) - proposal.log_prob(theta).to(y)
+            log_ratio = task.log_prior(theta) - proposal.log_prob(theta).to(y)
             thetas.append(theta)
             log_ws.append(
                 mechanism_log_weights(

@@ -34,7 +34,6 @@ from ..tasks import Task
 from .exact_abc import (
     SimulationBudgetExceeded,
     kish_ess,
-    log_prior,
     mechanism_log_weights,
     normalize,
     seeded,
@@ -70,7 +69,7 @@ def unconstrained_log_prior(task: Task, z: Tensor) -> tuple[Tensor, Tensor]:
     log_det = task.transform.log_abs_det_jacobian(z, theta)
     if log_det.ndim == z.ndim:  # elementwise transform: sum over coordinates
         log_det = log_det.sum(-1)
-    return theta, log_prior(task, theta) + log_det
+    return theta, task.log_prior(theta) + log_det
 
 
 class Perturbation:

@@ -28,8 +28,8 @@ from .release_check import ReleaseOutsideTraining
 class DefensiveProposal(Distribution):
     """``(1 - defensive) q(theta | y, epsilon) + defensive prior(theta)`` over ``(dim_theta,)``: ``posterior``'s
     flow at one release ``y`` (and ``epsilon``, for a posterior trained over a range) mixed with its task's prior.
-    Draws come from the global torch generator (``abc_is`` seeds it); ``log_prob`` takes ``(..., dim_theta)``
-    inside the prior's support and returns ``(...)``."""
+    Draws come from the global torch generator (``corrected`` seeds it); ``log_prob`` takes ``(n, dim_theta)`` and
+    returns ``(n,)``, the prior's part ``-inf`` outside its support."""
 
     arg_constraints: dict = {}
     has_rsample = False
@@ -59,8 +59,8 @@ class DefensiveProposal(Distribution):
     def log_prob(self, value: Tensor) -> Tensor:
         with _warned_once():
             log_q = self.posterior.log_prob(value, y=self.y, epsilon=self.epsilon)
-        prior = self.posterior.task.prior
-        log_prior = prior.log_prob(value.to(prior_device(prior)))
+        task = self.posterior.task
+        log_prior = task.log_prior(value.to(prior_device(task.prior)))
         return torch.logaddexp(
             math.log1p(-self.defensive) + log_q, math.log(self.defensive) + log_prior.to(log_q)
         )

@@ -164,6 +164,17 @@ class Task:
         """Dimension of the confidential summary and of the release."""
         return self.mechanism.dim
 
+    def log_prior(self, theta: Tensor) -> Tensor:
+        """``log prior(theta)`` of shape ``(n,)`` for ``theta (n, dim_theta)``: ``-inf`` outside the prior's
+        support (where ``Distribution.log_prob`` would raise) and where the density is not a number."""
+        support = self.prior.support
+        inside = support.check(theta)
+        if support.event_dim == 0:
+            inside = inside.all(-1)
+        safe = torch.where(inside[:, None], theta, self.prior.mean.to(theta).expand_as(theta))
+        lp = self.prior.log_prob(safe)
+        return torch.where(inside & ~lp.isnan(), lp, -math.inf)
+
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Confidential summaries ``(n, mechanism.input_dim)`` (usually ``dim_s``) for parameters ``(n, dim_theta)``; errors on NaN or bad shapes."""
         if self.simulator is None:
