@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
+from ..tasks.base import prior_device
 from .exact_abc import _at_epsilon, kish_ess, mechanism_log_weights, normalize, seeded
 from .fitted_proposal import fitted_proposal
 from .result import BaselineResult
@@ -116,7 +117,7 @@ def corrected(
                 bar.update(chunk.shape[0])
             return torch.cat(parts)
 
-        theta = first.sample((n_first,))
+        theta = first.sample((n_first,)).to(prior_device(task.prior))  # a flow on the GPU draws there
         log_p = log_target(theta)
         log_w = log_p - first.log_prob(theta).double()
         ess_first = kish_ess(normalize(log_w, "corrected"))
