@@ -19,7 +19,6 @@ import math
 
 import torch
 from torch import Tensor
-from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
 from ..tasks.base import prior_device
@@ -99,19 +98,22 @@ def corrected(
     y = torch.as_tensor(y).reshape(1, -1)
     n_second = round(adapt * int(num_draws))
     n_first = int(num_draws) - n_second
+    simulations = 0
     with seeded(seed), tqdm(total=int(num_draws), desc="corrected", disable=not progress) as bar:
 
         def log_target(theta: Tensor) -> Tensor:
             """``log prior + log likelihood`` of ``theta (n, dim_theta)`` as float64 ``(n,)``, batch by batch."""
+            nonlocal simulations
             parts = []
             for chunk in theta.split(max(BATCH // max(repeats, 1), 1)):
                 lp = task.log_prior(chunk).double()
+                inside = torch.isfinite(lp)
                 if simulated:
+                    simulations += int(inside.sum()) * repeats
                     lp = mechanism_log_weights(
                         task, chunk, lp, y.to(chunk), mechanism=mechanism, repeats=repeats
                     ).double()
                 else:
-                    inside = torch.isfinite(lp)
                     lp[inside] += exact(chunk[inside], y, mechanism=mechanism).double()
                 parts.append(lp)
                 bar.update(chunk.shape[0])
@@ -119,17 +121,24 @@ def corrected(
 
         theta = first.sample((n_first,)).to(prior_device(task.prior))  # a flow on the GPU draws there
         log_p = log_target(theta)
-        log_w = log_p - first.log_prob(theta).double()
-        ess_first = kish_ess(normalize(log_w, "corrected"))
+        log_q = first.log_prob(theta).double()
+        first_weights = normalize(log_p - log_q, "corrected")
+        ess_first = kish_ess(first_weights)
         second = (
-            fitted_proposal(task, theta.double(), normalize(log_w, "corrected"), ((1.0,), (1.0,)))
+            fitted_proposal(task, theta.double(), first_weights, ((1.0,), (1.0,)))
             if ess_first >= 2 * task.dim_unconstrained
             else None
         )
         if n_second:
             extra = (first if second is None else second).sample((n_second,)).to(theta)
             theta, log_p = torch.cat([theta, extra]), torch.cat([log_p, log_target(extra)])
-            log_w = log_p - _mixture_log_prob(theta, first, second, n_first / int(num_draws))
+            log_q = torch.cat([log_q, first.log_prob(extra).double()])
+            if second is not None:  # the balance heuristic: every draw against both proposals in their shares
+                share = n_first / int(num_draws)
+                log_q = torch.logaddexp(
+                    math.log(share) + log_q, math.log1p(-share) + second.log_prob(theta.double())
+                )
+    log_w = log_p - log_q
     log_w = torch.where(log_w.isnan(), -math.inf, log_w)
     weights = normalize(log_w, "corrected").to(theta.dtype)  # computed in float64
     info = {
@@ -139,20 +148,7 @@ def corrected(
         "log_evidence": float(torch.logsumexp(log_w, 0)) - math.log(log_w.numel()),
         "likelihood": "simulated" if simulated else "exact",
     }
-    simulations = int(torch.isfinite(task.log_prior(theta)).sum()) * repeats
     return BaselineResult(theta, simulations, weights=weights, info=info)
-
-
-def _mixture_log_prob(
-    theta: Tensor, first: Distribution, second: Distribution | None, share: float
-) -> Tensor:
-    """``log(share q_1 + (1 - share) q_2)`` of ``theta (n, dim_theta)`` as float64 ``(n,)``; ``q_1`` alone where
-    there is no ``second``."""
-    log_first = first.log_prob(theta).double()
-    if second is None:
-        return log_first
-    log_second = second.log_prob(theta.double())
-    return torch.logaddexp(math.log(share) + log_first, math.log1p(-share) + log_second)
 
 
 def exact_likelihood(task):
