@@ -102,33 +102,42 @@ def exact_draws(task, arguments: dict, y: torch.Tensor, n: int, seed: int, refer
         return task.exact_posterior(y[None]).sample((n,)).reshape(n, -1)
 
 
-class Corrected:
-    """``posterior``'s draws corrected at each release (``dpsbi.baselines.corrected``, ``proposals`` a release, at
-    ``epsilon``) and resampled, behind the one call sbi's SBC and TARP make, ``sample_batched((n,), x=xs)``
-    ``(n, B, dim_theta)``. The last batch's draws are kept, so that TARP on the releases SBC saw reuses them."""
+def correct(posterior, release: torch.Tensor, epsilon: float, proposals: int, args, seed: int):
+    """``posterior``'s draws at ``release`` corrected by ``dpsbi.baselines.corrected`` with ``proposals`` proposals
+    and ``--simulations-per-draw`` / ``--adapt``: the result, and ``--draws`` draws resampled from it."""
+    from dpsbi.baselines import corrected
 
-    def __init__(self, posterior, epsilon: float, proposals: int, adapt: float) -> None:
-        self.posterior, self.epsilon, self.proposals, self.adapt = posterior, epsilon, proposals, adapt
+    result = corrected(
+        posterior,
+        proposals,
+        y=release,
+        epsilon=epsilon,
+        simulations_per_draw=args.simulations_per_draw,
+        adapt=args.adapt,
+        seed=seed,
+        progress=False,
+    )
+    return result, result.resample(args.draws, torch.Generator().manual_seed(seed))
+
+
+class Corrected:
+    """``posterior``'s draws corrected at each release (:func:`correct`, ``proposals`` a release, at ``epsilon``),
+    behind the one call sbi's SBC and TARP make, ``sample_batched((n,), x=xs)`` ``(n, B, dim_theta)``. The last
+    batch's draws are kept, so that TARP on the releases SBC saw reuses them."""
+
+    def __init__(self, posterior, epsilon: float, proposals: int, args) -> None:
+        self.posterior, self.epsilon, self.proposals = posterior, epsilon, proposals
+        self.args = argparse.Namespace(**{**vars(args), "draws": None})
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def sample_batched(self, sample_shape, x: torch.Tensor, **_) -> torch.Tensor:
-        from dpsbi.baselines import corrected
-
         if self.last is not None and torch.equal(self.last[0], x):
             return self.last[1]
-        (n,) = sample_shape
-        draws = []
-        for i, release in enumerate(x):
-            result = corrected(
-                self.posterior,
-                self.proposals,
-                y=release,
-                epsilon=self.epsilon,
-                adapt=self.adapt,
-                seed=i,
-                progress=False,
-            )
-            draws.append(result.resample(n, torch.Generator().manual_seed(i)))
+        (self.args.draws,) = sample_shape
+        draws = [
+            correct(self.posterior, release, self.epsilon, self.proposals, self.args, i)[1]
+            for i, release in enumerate(x)
+        ]
         self.last = (x.clone(), torch.stack(draws, 1))
         return self.last[1]
 
@@ -184,23 +193,11 @@ def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Ten
     likelihood where it carries one, else by the mean of ``--simulations-per-draw`` mechanism densities,
     resampled to ``--draws`` and scored as the flow's draws are; with each release's effective sample size and
     CPU seconds."""
-    from dpsbi.baselines import corrected
-
     scores, spreads, shifts, ess, ess_first, seconds = [], [], [], [], [], []
     for i, release in enumerate(y):
         began = time.process_time()
-        result = corrected(
-            posterior,
-            args.importance,
-            y=release,
-            epsilon=epsilon,
-            simulations_per_draw=args.simulations_per_draw,
-            adapt=args.adapt,
-            seed=i,
-            progress=False,
-        )
+        result, draws = correct(posterior, release, epsilon, args.importance, args, i)
         ess_first.append(round(result.info["ess_first"]))
-        draws = result.resample(args.draws, torch.Generator().manual_seed(i))
         seconds.append(time.process_time() - began)
         ess.append(round(result.ess))
         scores.append(round(c2st(draws, exact[i]), 4))
@@ -265,7 +262,7 @@ def check(name: str, args: argparse.Namespace) -> None:
         corrected = {"importance": importance(posterior, y, epsilon, exact, args)} if args.importance else {}
         if args.importance_calibration:
             began = time.process_time()
-            sampler = Corrected(posterior, epsilon, args.importance_calibration, args.adapt)
+            sampler = Corrected(posterior, epsilon, args.importance_calibration, args)
             corrected["importance_calibration"] = {
                 "proposals": args.importance_calibration,
                 **calibration(at, sampler, args.pairs, seed=200 + k),
