@@ -24,7 +24,8 @@ is left out of the default ``--tasks``, as is ``census_table`` (46 cells, discre
 0.1-1: the fit's epsilons are rho's at delta 1e-10), whose references are importance sampling with its exact
 likelihood (about 42 CPU seconds a release). One JSON line per (task, epsilon) is appended to ``--out`` as it goes, and
 one per task for the fit; a task whose fit line is in the file is skipped (a killed run resumes at its task).
-With ``--posteriors DIR`` each fit is saved there, and a fit found there is scored again without training.
+With ``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed fit resumes there) and is saved
+as ``DIR/<task>.pt``; a fit found there is scored again without training (``scripts/frontier.py``'s ``amortized_fit``).
 With ``--importance N`` each release is also scored after importance sampling corrects the flow's draws
 (``dpsbi.baselines.corrected``, N proposals in two stages, ``--adapt``; the row's ``importance``): C2ST, spreads,
 mean shift, the effective sample sizes (both stages' and the first's) and the CPU seconds per release. SBC and TARP
@@ -44,7 +45,7 @@ import time
 from pathlib import Path
 
 import torch
-from frontier import REFERENCE, reference_cache
+from frontier import REFERENCE, amortized_fit, reference_cache
 
 import dpsbi
 from dpsbi.baselines.correction import ADAPT, SIMULATIONS_PER_DRAW
@@ -222,24 +223,8 @@ def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Ten
 def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
     task = load(arguments, (low * high) ** 0.5)
-    saved = None if args.posteriors is None else args.posteriors / f"{name}.pt"
-    fit = {"task": name, "seed": args.seed, "rounds": args.rounds, "overrides": args.overrides}
-    if (
-        saved is not None and saved.is_file()
-    ):  # scoring again a fit made before (its times are in the older rows)
-        posterior = dpsbi.load_posterior(saved, task=task)
-    else:
-        wall, cpu = time.perf_counter(), time.process_time()
-        settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
-        posterior = dpsbi.SPPE(
-            task, amortized=True, epsilon_range=(low, high), progress=False, seed=args.seed, **settings
-        ).run()
-        fit.update(
-            fit_wall_s=round(time.perf_counter() - wall, 1), fit_cpu_s=round(time.process_time() - cpu, 1)
-        )
-        if saved is not None:
-            saved.parent.mkdir(parents=True, exist_ok=True)
-            posterior.save(saved)
+    posterior, times = amortized_fit(task, (low, high), args, name, seed=args.seed)
+    fit = {"task": name, "seed": args.seed, "rounds": args.rounds, "overrides": args.overrides, **times}
     for k, epsilon in enumerate(scored):
         if args.epsilons and epsilon not in args.epsilons:
             continue
@@ -342,7 +327,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--posteriors", type=Path, help="save each fit here as <task>.pt; one found there is scored again"
+        "--posteriors", type=Path, help="checkpoint and save each fit here; one saved there is scored again"
     )
     parser.add_argument(
         "--importance-calibration",

@@ -127,6 +127,36 @@ def reference_for(task, task_config: dict, settings: dict | None = None):
     )
 
 
+def amortized_fit(
+    task, epsilon_range: tuple[float, float], args: argparse.Namespace, name: str, seed: int = 0
+) -> tuple:
+    """One epsilon-amortized SPPE fit of ``task`` and its times, for scripts that score such fits. With
+    ``args.posteriors`` it checkpoints its rounds to ``<posteriors>/<name>/`` (a killed fit resumes there), is saved
+    as ``<posteriors>/<name>.pt``, and one saved there before is loaded instead of trained (its times are
+    ``{"loaded": path}``). ``args.rounds`` (when set) and ``args.overrides`` are the estimator's arguments."""
+    saved = None if args.posteriors is None else args.posteriors / f"{name}.pt"
+    if saved is not None and saved.is_file():
+        return dpsbi.load_posterior(saved, task=task), {"loaded": str(saved)}
+    wall, cpu = time.perf_counter(), time.process_time()
+    settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
+    posterior = dpsbi.SPPE(
+        task,
+        amortized=True,
+        epsilon_range=epsilon_range,
+        progress=False,
+        seed=seed,
+        checkpoint_dir=None if saved is None else args.posteriors / name,
+        **settings,
+    ).run()
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        posterior.save(saved)
+    return posterior, {
+        "fit_wall_s": round(time.perf_counter() - wall, 1),
+        "fit_cpu_s": round(time.process_time() - cpu, 1),
+    }
+
+
 def label(args: argparse.Namespace) -> str:
     """This invocation's schedule label (see :func:`schedule`), ``--overrides``, ``--reference`` and ``--draws``
     appended when given (their rows are then no defaults' rows)."""
