@@ -11,7 +11,8 @@ defaults (one torch thread), then
 - at the task's stored releases at 0.1, 1 and 10: the amortized posterior's sd, width and C2ST against the
   reference posterior (``dpsbi.experiment.reference.reference_posterior``, scripts/frontier.py's settings); with
   ``--importance N``, also its draws corrected by importance sampling (``dpsbi.baselines.corrected``: N
-  proposals from the flow mixed with the prior, 4 simulations each), with their effective sample size.
+  proposals from the flow mixed with the prior, 4 simulations each), with their effective sample size, resampled
+  plainly (``corrected at y_obs``) and without repeats (``corrected, smoothed at y_obs``).
 
 One JSON line per row is appended to ``--out``; a task already finished in the file is skipped. With
 ``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed run resumes there) and is saved
@@ -35,10 +36,10 @@ import time
 from pathlib import Path
 
 import torch
-from frontier import read_jsonl, reference_for, spread
+from frontier import amortized_fit, read_jsonl, reference_for, spread
 
 import dpsbi
-from dpsbi.baselines import corrected
+from dpsbi.baselines import corrected, smoothed_resample
 from dpsbi.experiment.config import build_task
 
 RANGE = (0.1, 10.0)
@@ -75,7 +76,9 @@ def curve(task, posterior, releases: int, n: int) -> list[dict]:
 def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals: int) -> list[dict]:
     """The amortized posterior at the task's stored release at each of :data:`STORED`, ``n`` draws, against as
     many of the reference's (``reference_settings`` over scripts/frontier.py's); with ``proposals``, also its
-    draws corrected by importance sampling (``dpsbi.baselines.corrected``, 4 simulations a draw)."""
+    draws corrected by importance sampling (``dpsbi.baselines.corrected``, 4 simulations a draw), resampled plainly
+    (points repeat where the ESS is below ``n``, and C2ST reads the repeats) and without repeats
+    (``dpsbi.baselines.smoothed_resample``, as the stored SIR references are)."""
     rows = []
     for epsilon in STORED:
         config = {"name": name, "epsilon": epsilon}
@@ -86,6 +89,9 @@ def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals:
             began = time.process_time()
             result = corrected(posterior, proposals, y=task.y_obs, epsilon=epsilon, seed=0, progress=False)
             draws["corrected at y_obs"] = result.resample(n, torch.Generator().manual_seed(0))
+            draws["corrected, smoothed at y_obs"] = smoothed_resample(
+                task, result.samples, result.weights, n, torch.Generator().manual_seed(0)
+            )[0]
             extra = {"ess": round(result.ess), "cpu_s": round(time.process_time() - began, 1)}
         for kind, sample in draws.items():
             rows.append(
@@ -95,36 +101,10 @@ def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals:
                     **spread(sample),
                     "reference": spread(reference.samples),
                     "c2st": round(dpsbi.metrics.c2st(sample, reference.samples[:n], seed=0), 4),
-                    **(extra if kind == "corrected at y_obs" else {}),
+                    **(extra if kind.startswith("corrected") else {}),
                 }
             )
     return rows
-
-
-def fitted(name: str, task, args: argparse.Namespace) -> tuple:
-    """The amortized fit of ``task`` and its times: loaded from ``--posteriors`` when saved there (no times), else
-    trained (checkpointed there when given) and saved."""
-    saved = None if args.posteriors is None else args.posteriors / f"{name}.pt"
-    if saved is not None and saved.is_file():
-        return dpsbi.load_posterior(saved, task=task), {"loaded": str(saved)}
-    wall, cpu = time.perf_counter(), time.process_time()
-    settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
-    checkpoints = None if saved is None else args.posteriors / name
-    posterior = dpsbi.SPPE(
-        task,
-        amortized=True,
-        epsilon_range=RANGE,
-        progress=False,
-        seed=0,
-        checkpoint_dir=checkpoints,
-        **settings,
-    ).run()
-    if saved is not None:
-        posterior.save(saved)
-    return posterior, {
-        "fit_wall_s": round(time.perf_counter() - wall, 1),
-        "fit_cpu_s": round(time.process_time() - cpu, 1),
-    }
 
 
 def run(args: argparse.Namespace) -> None:
@@ -136,7 +116,7 @@ def run(args: argparse.Namespace) -> None:
         if name in done:
             continue
         task = build_task({"name": name, "epsilon": 1.0})
-        posterior, fit = fitted(name, task, args)
+        posterior, fit = amortized_fit(task, RANGE, args, name)
         rows = curve(task, posterior, args.releases, args.draws)
         rows += at_stored(name, posterior, args.draws, args.reference, args.importance)
         rows.append({"kind": "fit", **fit, "done": True})
