@@ -11,7 +11,7 @@ Self-normalised importance sampling of the exact private posterior, ``w = prior 
    again, each q_k+1 refitted to all weighted draws so far, for a posterior the first refit misses);
 3. exact-model draws from the last proposal up to ``--draws`` in all. All stages are pooled (unnormalised weights from
    independent proposals are each unbiased), the Kish ESS reported, and ``--store`` draws resampled
-   without repeats (``reference.smoothed_resample``) into ``dpsbi/data/references/sir_eps<epsilon>.csv`` (an
+   without repeats (``dpsbi.baselines.smoothed_resample``) into ``dpsbi/data/references/sir_eps<epsilon>.csv`` (an
    outbreak: ``sir_<outbreak>_private<release seed>.csv``) with the provenance beside it.
 
 Work is checkpointed per chunk of ``--chunk`` draws (seeded by its index) in ``--work``: a killed run resumes
@@ -33,11 +33,10 @@ from pathlib import Path
 import torch
 
 import dpsbi
-from dpsbi.baselines import abc_is, smc_abc
+from dpsbi.baselines import abc_is, smc_abc, smoothed_resample
 from dpsbi.baselines.exact_abc import kish_ess
 from dpsbi.baselines.fitted_proposal import fitted_proposal
 from dpsbi.experiment import stored_references
-from dpsbi.experiment.reference import smoothed_resample
 from dpsbi.files import atomic_save
 from dpsbi.tasks.sir import OUTBREAKS
 

@@ -75,7 +75,7 @@ def test_a_damaged_or_foreign_entry_is_refused(tmp_path):
 
 def test_smoothed_resampling_keeps_mean_and_covariance_without_repeats():
     """Weighted draws of N(0, I) reweighted to N(1, 0.5^2 I): the smoothed resample has that mean and sd."""
-    from dpsbi.experiment.reference import smoothed_resample
+    from dpsbi.baselines import smoothed_resample
 
     task = sir(1.0)
     generator = torch.Generator().manual_seed(0)

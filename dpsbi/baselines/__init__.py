@@ -10,6 +10,7 @@ from .mcem import ExponentialFamily, MCEMResult, PoissonFamily, mcem
 from .mcmc_clt import mh_clt
 from .mhaar import mhaar
 from .pmmh import pmmh
+from .resampling import smoothed_resample
 from .result import BaselineResult
 from .smc_abc import smc_abc
 
@@ -37,4 +38,5 @@ __all__ = [
     "rank_statistics",
     "rejection_abc",
     "smc_abc",
+    "smoothed_resample",
 ]

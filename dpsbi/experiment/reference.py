@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 from torch.distributions import MultivariateNormal
 
-from ..baselines.fitted_proposal import fitted_proposal, unconstrained_moments
+from ..baselines.fitted_proposal import fitted_proposal
+from ..baselines.resampling import smoothed_resample
 from ..files import CorruptFileError, atomic_write_text, exclusive, load_sealed, save_sealed
 from ..tasks import Task
 from ..tasks.identity import model_key
@@ -84,26 +85,6 @@ def _rejection(task: Task, num_samples: int, settings: dict, seed: int, progress
         return None
     note = f"exact rejection ABC with the mechanism as kernel (acceptance rate {result.info['acceptance_rate']:.3g})"
     return Reference(result.samples, "rejection", True, note, result.num_simulations)
-
-
-def smoothed_resample(
-    task: Task, samples: Tensor, weights: Tensor, n: int, generator: torch.Generator
-) -> tuple[Tensor, float]:
-    """``n`` unweighted draws ``(n, dim_theta)`` from weighted ``samples (N, dim_theta)`` without repeated points,
-    and the bandwidth ``h``: Liu and West's (2001) shrunk kernel resampling in the task's unconstrained space,
-    ``a z_i + (1 - a) m + h C^{1/2} e`` with ``i`` drawn by weight, ``a = sqrt(1 - h^2)``, ``(m, C)`` the weighted
-    mean and covariance (both kept exactly) and ``h`` Silverman's factor for the Kish ESS (-> 0 as it grows).
-
-    Plain resampling repeats each point about ``n / ESS`` times; C2ST's classifier recognises the repeats, so two
-    independent plain resamples of the exact-SIR references (ESS ~1000 each) scored 0.82-0.85 against each other,
-    smoothed ones 0.50-0.52."""
-    z, w, mean, cov = unconstrained_moments(task, samples, weights)
-    dim, ess = z.shape[1], float(1.0 / (w**2).sum())
-    h = (4 / (dim + 2)) ** (1 / (dim + 4)) * ess ** (-1 / (dim + 4))
-    index = torch.multinomial(w, n, replacement=True, generator=generator)
-    noise = torch.randn(n, dim, generator=generator, dtype=z.dtype) @ torch.linalg.cholesky(cov).T
-    a = (1 - h * h) ** 0.5
-    return task.transform(a * z[index] + (1 - a) * mean + h * noise).to(samples.dtype), h
 
 
 def _importance(task: Task, num_samples: int, settings: dict, seed: int, progress: bool) -> Reference:
