@@ -63,7 +63,8 @@ def corrected(
     ``"simulated"`` by the mechanism's density averaged over ``simulations_per_draw`` simulations (unbiased, but
     noisy where the simulator's own spread at a fixed parameter is large against the noise); ``"auto"``: exact
     where the task has it. ``result.ess`` (Kish) is the check: far below ``num_draws``, the flow missed the
-    posterior or the likelihood estimate is too noisy, and resampled draws repeat; ``result.info`` holds
+    posterior or the likelihood estimate is too noisy, and ``result.resample`` repeats draws (where the ESS is below
+    the draws wanted, :func:`~dpsbi.baselines.smoothed_resample` gives them without repeats); ``result.info`` holds
     ``likelihood`` (which was used), ``ess_first`` (the first stage's own) and ``adapted``. ``posterior``: a
     posterior flow (``task``, ``proposal``, ``default_x``: SPPE's and NaiveNPE's); a likelihood posterior is
     refused in one line."""
