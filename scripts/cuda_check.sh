@@ -9,9 +9,7 @@
 #      same machine fitting the same beside it from the start (CPU work only: it does not share the GPU), each
 #      scored every round; then on CUDA with 2000 simulations a round in batches of 200 (a candidate GPU schedule);
 #   4. SPLE's sample_batched at 500 releases on CUDA, every release's chains in one run, against one run per
-#      release (scripts/bench_sple_sampling.py --releases);
-#   5. which ways of copying a mechanism with a tensor epsilon this torch traces whole (into log.txt; torch 2.11
-#      failed to trace the epsilon-conditioned step there: scripts/archive/dynamo_copy_probe.py).
+#      release (scripts/bench_sple_sampling.py --releases).
 # The GPU jobs run one at a time, so that their timings are their own. Each part has its own timeout and writes
 # its result as it goes, straight into $OUT (a new folder; default results/cuda/<date-time>), no subfolders:
 #   log.txt  pytest.log  bench_step.jsonl  bench_step_cpu.jsonl  frontier_cuda_sppe.jsonl  frontier_cpu_sppe.jsonl
@@ -54,9 +52,6 @@ cpu_fit=$!
 CUDA_VISIBLE_DEVICES= timeout -k 10 120 python3 scripts/bench_step.py --devices cpu --sizes 100 1000 --repeats 10 \
   --json "$OUT/bench_step_cpu.jsonl" >>"$log" 2>&1 &
 cpu_bench=$!
-
-stamp "mechanism copies under torch.compile"
-timeout -k 5 60 python3 scripts/archive/dynamo_copy_probe.py >>"$log" 2>&1
 
 stamp "tests on the GPU"
 timeout -k 10 "$TEST_SECONDS" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/test_training_step.py \

@@ -73,6 +73,12 @@ def test_the_combined_loss_needs_atomic_rounds():
             dpsbi.SPPE(task, combined_loss=True, **kwargs)
 
 
+@pytest.mark.xfail(
+    torch.__version__ < "2.13",
+    strict=True,
+    reason="torch 2.11's compiler cannot enumerate an object's attributes (batched_copy's vars(mechanism); "
+    "scripts/archive/dynamo_copy_probe.py); dpsbi needs torch >= 2.13, which traces it",
+)
 def test_the_epsilon_conditioned_step_traces_whole(step_traces_whole):
     step_traces_whole(_fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0)), 0)
 

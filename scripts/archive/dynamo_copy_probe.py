@@ -4,6 +4,11 @@ determine type of argument GetAttrVariable(..., __dict__)", the epsilon-conditio
 traces it. One line per variant, ``traced`` or the error's first line; seconds on a CPU.
 
     python scripts/archive/dynamo_copy_probe.py
+
+Answered (eleventh session, torch 2.11.0 installed on a CPU machine): 2.11 traces none of the five, nor any other
+way of reading an instance's attribute names (``list``, ``dict``, ``copy`` or ``**`` of ``__dict__``,
+``__getstate__``); it traces reading attributes by name. dpsbi needs torch >= 2.13, whose compiler traces all
+five, so ``batched_copy`` stays, and the epsilon-conditioned trace test is a strict expected failure below 2.13.
 """
 
 from __future__ import annotations
