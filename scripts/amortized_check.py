@@ -22,7 +22,8 @@ has none: each release's reference is the validated sampler of scripts/frontier.
 exact private posterior, the mechanism as kernel; 1.1 million simulations, about 15 CPU seconds a release), so it
 is left out of the default ``--tasks``, as is ``census_table`` (46 cells, discrete Gaussian noise, over zCDP rho
 0.1-1: the fit's epsilons are rho's at delta 1e-10), whose references are importance sampling with its exact
-likelihood (about 42 CPU seconds a release). One JSON line per (task, epsilon) is appended to ``--out`` as it goes, and
+likelihood (about 42 CPU seconds a release). ``sir`` (over 0.1-10) has references at its stored releases only: run
+it with ``--releases 0`` (calibration alone, no exact draws needed). One JSON line per (task, epsilon) is appended to ``--out`` as it goes, and
 one per task for the fit; a task whose fit line is in the file is skipped (a killed run resumes at its task).
 With ``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed fit resumes there) and is saved
 as ``DIR/<task>.pt``; a fit found there is scored again without training (``scripts/frontier.py``'s ``amortized_fit``).
@@ -65,10 +66,13 @@ TASKS = {
     "regression": ({"name": "regression"}, (0.1, 10.0), (0.1, 1.0, 10.0)),
     # 46 cells over zCDP rho 0.1-1 (epsilon at delta 1e-10), scored at rho 0.15, 0.2461 (2020's) and 0.7
     "census_table": ({"name": "census_table"}, (2.8818, 10.0343), (3.5738, 4.6574, 8.2291)),
+    # calibration only (--releases 0): no exact posterior at a simulated release (references take ~15 CPU minutes
+    # each, scripts/sir_references.py); scored against its stored references by scripts/privacy_utility.py
+    "sir": ({"name": "sir"}, (0.1, 10.0), (0.1, 1.0, 10.0)),
 }
 #: The tasks scored by default: those with closed-form posteriors (``regression``'s 60 references take ~15 CPU
 #: minutes, ``census_table``'s, exact-likelihood importance sampling, ~40).
-DEFAULT_TASKS = [name for name in TASKS if name not in ("regression", "census_table")]
+DEFAULT_TASKS = [name for name in TASKS if name not in ("regression", "census_table", "sir")]
 
 
 def load(arguments: dict, epsilon: float):
@@ -220,6 +224,36 @@ def importance(posterior, y: torch.Tensor, epsilon: float, exact: list[torch.Ten
     }
 
 
+def accuracy(posterior, at, arguments: dict, k: int, args: argparse.Namespace) -> dict:
+    """The row's accuracy and cost at ``at``'s epsilon (the ``k``-th scored): ``--releases`` prior-predictive
+    releases, each scored against the task's exact posterior; with ``--importance``, the corrected draws too."""
+    epsilon = at.epsilon
+    _, y = prior_predictive(at, args.releases, seed=100 + k)
+    single = []
+    for i in range(args.releases):
+        began = time.perf_counter()
+        posterior.sample((args.draws,), y=y[i], epsilon=epsilon, seed=i)
+        single.append(time.perf_counter() - began)
+    began = time.perf_counter()
+    draws = posterior.sample_batched((args.draws,), y=y, epsilon=epsilon, seed=0)
+    batched = time.perf_counter() - began
+    exact = [exact_draws(at, arguments, y[i], args.draws, i, args.reference) for i in range(args.releases)]
+    scores = [round(c2st(draws[:, i], exact[i]), 4) for i in range(args.releases)]
+    spreads = [spread_ratios(draws[:, i], exact[i]) for i in range(args.releases)]
+    shifts = [mean_shift(draws[:, i], exact[i]) for i in range(args.releases)]
+    return {
+        "releases": args.releases,
+        "c2st": scores,
+        "c2st_mean": round(statistics.mean(scores), 4),
+        "c2st_worst": max(scores),
+        **spread_summary(spreads),
+        **shift_summary(shifts),
+        f"draws_{args.draws}_one_release_s": round(statistics.median(single), 4),
+        f"draws_{args.draws}_at_{args.releases}_releases_s": round(batched, 4),
+        **({"importance": importance(posterior, y, epsilon, exact, args)} if args.importance else {}),
+    }
+
+
 def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
     task = load(arguments, (low * high) ** 0.5)
@@ -229,45 +263,18 @@ def check(name: str, args: argparse.Namespace) -> None:
         if args.epsilons and epsilon not in args.epsilons:
             continue
         at = load(arguments, epsilon)
-        _, y = prior_predictive(at, args.releases, seed=100 + k)
-        single = []
-        for i in range(args.releases):
-            began = time.perf_counter()
-            posterior.sample((args.draws,), y=y[i], epsilon=epsilon, seed=i)
-            single.append(time.perf_counter() - began)
-        began = time.perf_counter()
-        draws = posterior.sample_batched((args.draws,), y=y, epsilon=epsilon, seed=0)
-        batched = time.perf_counter() - began
-        exact = [
-            exact_draws(at, arguments, y[i], args.draws, i, args.reference) for i in range(args.releases)
-        ]
-        scores = [round(c2st(draws[:, i], exact[i]), 4) for i in range(args.releases)]
-        spreads = [spread_ratios(draws[:, i], exact[i]) for i in range(args.releases)]
-        shifts = [mean_shift(draws[:, i], exact[i]) for i in range(args.releases)]
-        corrected = {"importance": importance(posterior, y, epsilon, exact, args)} if args.importance else {}
+        row = {"task": name, "epsilon": epsilon, "epsilon_range": [low, high]}
+        if args.releases:
+            row.update(accuracy(posterior, at, arguments, k, args))
+        row.update(calibration(at, posterior, args.pairs, seed=200 + k))
         if args.importance_calibration:
             began = time.process_time()
             sampler = Corrected(posterior, epsilon, args.importance_calibration, args)
-            corrected["importance_calibration"] = {
+            row["importance_calibration"] = {
                 "proposals": args.importance_calibration,
                 **calibration(at, sampler, args.pairs, seed=200 + k),
                 "cpu_s": round(time.process_time() - began, 1),
             }
-        row = {
-            "task": name,
-            "epsilon": epsilon,
-            "epsilon_range": [low, high],
-            "releases": args.releases,
-            "c2st": scores,
-            "c2st_mean": round(statistics.mean(scores), 4),
-            "c2st_worst": max(scores),
-            **spread_summary(spreads),
-            **shift_summary(shifts),
-            f"draws_{args.draws}_one_release_s": round(statistics.median(single), 4),
-            f"draws_{args.draws}_at_{args.releases}_releases_s": round(batched, 4),
-            **calibration(at, posterior, args.pairs, seed=200 + k),
-            **corrected,
-        }
         append(args.out, row)
     append(args.out, {**fit, "fit_done": True})
 
@@ -287,7 +294,9 @@ def finished(path: Path) -> set[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS))
-    parser.add_argument("--releases", type=int, default=20, help="prior-predictive releases per epsilon")
+    parser.add_argument(
+        "--releases", type=int, default=20, help="prior-predictive releases per epsilon (0: calibration only)"
+    )
     parser.add_argument("--pairs", type=int, default=300, help="SBC / TARP pairs per epsilon")
     parser.add_argument("--draws", type=int, default=2000, help="posterior and exact draws per release")
     parser.add_argument("--rounds", type=int, help="rounds of the fit (default: the library's)")
