@@ -116,10 +116,10 @@ def run(args: argparse.Namespace) -> None:
         if name in done:
             continue
         task = build_task({"name": name, "epsilon": 1.0})
-        posterior, fit = amortized_fit(task, RANGE, args, name)
+        posterior, fit = amortized_fit(task, RANGE, args, name, seed=args.seed)
         rows = curve(task, posterior, args.releases, args.draws)
         rows += at_stored(name, posterior, args.draws, args.reference, args.importance)
-        rows.append({"kind": "fit", **fit, "done": True})
+        rows.append({"kind": "fit", "seed": args.seed, **fit, "done": True})
         with args.out.open("a") as f:
             for row in rows:
                 f.write(json.dumps({"task": name, **row}) + "\n")
@@ -258,6 +258,7 @@ def main() -> None:
     r.add_argument(
         "--posteriors", type=Path, help="checkpoint and save each fit here; one saved there is scored again"
     )
+    r.add_argument("--seed", type=int, default=0, help="the fits' seed")
     r.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("report")
     p.add_argument(
