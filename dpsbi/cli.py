@@ -355,9 +355,10 @@ def sample(argv: list[str] | None = None) -> None:
 
 def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
     """``--correct N``: the flow's draws at ``y`` corrected by importance sampling (``dpsbi.baselines.corrected``),
-    resampled to ``--num-samples``; prints the effective sample size, and a warning line when it is below the
-    draws asked for (they then repeat)."""
-    from .baselines import corrected
+    resampled to ``--num-samples``; prints the effective sample size. Where it is below the draws asked for,
+    plain resampling would repeat draws: they are drawn without repeats (``dpsbi.baselines.smoothed_resample``,
+    as the stored SIR references are), with a warning line."""
+    from .baselines import corrected, smoothed_resample
     from .baselines.correction import SIMULATIONS_PER_DRAW
 
     repeats = SIMULATIONS_PER_DRAW if args.simulations_per_draw is None else args.simulations_per_draw
@@ -371,14 +372,17 @@ def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
         progress=False,
     )
     print(f"importance sampling: effective sample size {result.ess:.0f} of {args.correct} proposals")
-    if result.ess < args.num_samples:
-        print(
-            f"dpsbi-sample: warning: the effective sample size ({result.ess:.0f}) is below the {args.num_samples} "
-            "draws asked for, so draws repeat: the flow is far from the posterior here, or the simulated "
-            "likelihood too noisy (raise --correct or --simulations-per-draw)",
-            file=sys.stderr,
-        )
-    return result.resample(args.num_samples, torch.Generator().manual_seed(args.seed))
+    generator = torch.Generator().manual_seed(args.seed)
+    if result.ess >= args.num_samples:
+        return result.resample(args.num_samples, generator)
+    print(
+        f"dpsbi-sample: warning: the effective sample size ({result.ess:.0f}) is below the {args.num_samples} "
+        "draws asked for, so they are drawn without repeats by a shrunk kernel (mean and covariance kept, the "
+        "shape smoothed): the flow is far from the posterior here, or the simulated likelihood too noisy "
+        "(raise --correct or --simulations-per-draw)",
+        file=sys.stderr,
+    )
+    return smoothed_resample(posterior.task, result.samples, result.weights, args.num_samples, generator)[0]
 
 
 def _sample_releases(args) -> None:

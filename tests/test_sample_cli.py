@@ -210,14 +210,30 @@ def test_one_release_at_an_epsilon(saved, capsys):
         cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "0.1"])
 
 
-def test_one_release_corrected_by_importance_sampling(saved, capsys):
+def test_one_release_corrected_by_importance_sampling(saved, capsys, tmp_path):
     path, _, posterior = saved
     cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "-n", "200", "--correct", "5000"])
     out = capsys.readouterr()
     ess = float(out.out.split("effective sample size ")[1].split()[0])
     assert 200 <= ess <= 5000 and "200 draws" in out.out and "warning" not in out.err
-    cli.sample([str(path), "--release=0.5,-0.2", "--epsilon", "2.5", "-n", "3000", "--correct", "300"])
-    assert "draws repeat" in capsys.readouterr().err  # 300 proposals cannot give 3000 distinct draws
+    out = tmp_path / "draws.csv"
+    cli.sample(
+        [
+            str(path),
+            "--release=0.5,-0.2",
+            "--epsilon",
+            "2.5",
+            "-n",
+            "3000",
+            "--correct",
+            "300",
+            "-o",
+            str(out),
+        ]
+    )
+    assert "without repeats" in capsys.readouterr().err  # 300 proposals cannot give 3000 distinct draws
+    draws = np.loadtxt(out, delimiter=",", skiprows=1)
+    assert len(np.unique(draws, axis=0)) == 3000
     with pytest.raises(SystemExit, match="--correct goes with one release"):
         cli.sample([str(path), "--releases", "x.csv", "--correct", "100"])
     with pytest.raises(SystemExit, match="--correct and --simulations-per-draw must be >= 1"):
