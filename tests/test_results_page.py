@@ -109,7 +109,7 @@ TINY = {
     ),
     "scripts/amortized_epsilon.py": Tiny(f"{FIT} --draws 200", printed='"c2st"'),
     "scripts/privacy_utility.py run": Tiny(
-        f"--releases 2 --draws 200 --overrides {FIT} --reference {REFERENCE} --importance 200 "
+        f"--releases 2 --draws 200 --overrides {FIT} --reference {REFERENCE} --importance 40 "
         "--out privacy_utility.jsonl",
         output="privacy_utility.jsonl",
     ),
