@@ -3,16 +3,6 @@
 import pytest
 import torch
 
-#: The files holding the suite's longest tests, longest first (whole documentation pages run as written, and
-#: RESULTS' commands at a tiny budget: 10-190 s each on CI's machine). They are collected first, so that
-#: pytest-xdist's workers start on them and the suite does not end with one worker alone on a long one.
-FIRST = ("test_real_releases.py", "test_your_model.py", "test_real_data.py", "test_results_page.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """:data:`FIRST`'s tests first, in its order; every file keeps its own order."""
-    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
-
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
