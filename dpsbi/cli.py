@@ -357,9 +357,11 @@ def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
     """``--correct N``: the flow's draws at ``y`` corrected by importance sampling (``dpsbi.baselines.corrected``),
     resampled to ``--num-samples``; prints the effective sample size. Where it is below the draws asked for,
     plain resampling would repeat draws: they are drawn without repeats (``dpsbi.baselines.smoothed_resample``,
-    as the stored SIR references are), with a warning line."""
+    as the stored SIR references are) where the ESS supports its covariance, else they repeat; either way with a
+    warning line."""
     from .baselines import corrected, smoothed_resample
     from .baselines.correction import SIMULATIONS_PER_DRAW
+    from .baselines.fitted_proposal import covariance_supported
 
     repeats = SIMULATIONS_PER_DRAW if args.simulations_per_draw is None else args.simulations_per_draw
     result = corrected(
@@ -375,13 +377,20 @@ def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
     generator = torch.Generator().manual_seed(args.seed)
     if result.ess >= args.num_samples:
         return result.resample(args.num_samples, generator)
+    smooth = covariance_supported(result.ess, posterior.task.dim_unconstrained)
+    how = (
+        "so they are drawn without repeats by a shrunk kernel (mean and covariance kept, the shape smoothed)"
+        if smooth
+        else "so draws repeat (too few effective draws even for a smoothing kernel's covariance)"
+    )
     print(
         f"dpsbi-sample: warning: the effective sample size ({result.ess:.0f}) is below the {args.num_samples} "
-        "draws asked for, so they are drawn without repeats by a shrunk kernel (mean and covariance kept, the "
-        "shape smoothed): the flow is far from the posterior here, or the simulated likelihood too noisy "
+        f"draws asked for, {how}: the flow is far from the posterior here, or the simulated likelihood too noisy "
         "(raise --correct or --simulations-per-draw)",
         file=sys.stderr,
     )
+    if not smooth:
+        return result.resample(args.num_samples, generator)
     return smoothed_resample(posterior.task, result.samples, result.weights, args.num_samples, generator)[0]
 
 

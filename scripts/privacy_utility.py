@@ -40,6 +40,7 @@ from frontier import amortized_fit, read_jsonl, reference_for, spread
 
 import dpsbi
 from dpsbi.baselines import corrected, smoothed_resample
+from dpsbi.baselines.fitted_proposal import covariance_supported
 from dpsbi.experiment.config import build_task
 
 RANGE = (0.1, 10.0)
@@ -78,7 +79,7 @@ def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals:
     many of the reference's (``reference_settings`` over scripts/frontier.py's); with ``proposals``, also its
     draws corrected by importance sampling (``dpsbi.baselines.corrected``, 4 simulations a draw), resampled plainly
     (points repeat where the ESS is below ``n``, and C2ST reads the repeats) and without repeats
-    (``dpsbi.baselines.smoothed_resample``, as the stored SIR references are)."""
+    (``dpsbi.baselines.smoothed_resample``, as the stored SIR references are; where the ESS supports it)."""
     rows = []
     for epsilon in STORED:
         config = {"name": name, "epsilon": epsilon}
@@ -89,9 +90,10 @@ def at_stored(name: str, posterior, n: int, reference_settings: dict, proposals:
             began = time.process_time()
             result = corrected(posterior, proposals, y=task.y_obs, epsilon=epsilon, seed=0, progress=False)
             draws["corrected at y_obs"] = result.resample(n, torch.Generator().manual_seed(0))
-            draws["corrected, smoothed at y_obs"] = smoothed_resample(
-                task, result.samples, result.weights, n, torch.Generator().manual_seed(0)
-            )[0]
+            if covariance_supported(result.ess, task.dim_unconstrained):
+                draws["corrected, smoothed at y_obs"] = smoothed_resample(
+                    task, result.samples, result.weights, n, torch.Generator().manual_seed(0)
+                )[0]
             extra = {"ess": round(result.ess), "cpu_s": round(time.process_time() - began, 1)}
         for kind, sample in draws.items():
             rows.append(

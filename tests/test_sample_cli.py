@@ -216,7 +216,7 @@ def test_one_release_corrected_by_importance_sampling(saved, capsys, tmp_path):
     out = capsys.readouterr()
     ess = float(out.out.split("effective sample size ")[1].split()[0])
     assert 200 <= ess <= 5000 and "200 draws" in out.out and "warning" not in out.err
-    out = tmp_path / "draws.csv"
+    written = tmp_path / "draws.csv"
     cli.sample(
         [
             str(path),
@@ -228,11 +228,11 @@ def test_one_release_corrected_by_importance_sampling(saved, capsys, tmp_path):
             "--correct",
             "300",
             "-o",
-            str(out),
+            str(written),
         ]
     )
     assert "without repeats" in capsys.readouterr().err  # 300 proposals cannot give 3000 distinct draws
-    draws = np.loadtxt(out, delimiter=",", skiprows=1)
+    draws = np.loadtxt(written, delimiter=",", skiprows=1)
     assert len(np.unique(draws, axis=0)) == 3000
     with pytest.raises(SystemExit, match="--correct goes with one release"):
         cli.sample([str(path), "--releases", "x.csv", "--correct", "100"])

@@ -92,6 +92,19 @@ def test_smoothed_resampling_keeps_mean_and_covariance_without_repeats():
     assert ((draws.std(0) - 0.5).abs() < 5 * 0.5 * (1 / (2 * ess) + 1 / 40_000) ** 0.5).all()
 
 
+def test_smoothed_resampling_refuses_weights_too_few_for_a_covariance():
+    """One draw carrying nearly all the weight (ESS ~1 < 2 per dimension): one clear line, not a linear-algebra
+    error from the kernel's Cholesky factor."""
+    from dpsbi.baselines import smoothed_resample
+
+    task = sir(1.0)
+    weights = torch.full((100,), 1e-6)
+    weights[0] = 1.0
+    samples = task.prior.sample((100,))
+    with pytest.raises(ValueError, match=r"effective sample size \(1\.0\) is below two per dimension \(4\)"):
+        smoothed_resample(task, samples, weights, 10, torch.Generator().manual_seed(0))
+
+
 @pytest.mark.slow
 def test_a_short_sppe_run_on_the_exact_sir_model_scores_against_the_stored_reference():
     """One round of 500 exact simulations: far from converged, but far closer than the prior."""

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..tasks.base import prior_device
 from .exact_abc import _at_epsilon, kish_ess, mechanism_log_weights, normalize, seeded
-from .fitted_proposal import fitted_proposal
+from .fitted_proposal import covariance_supported, fitted_proposal
 from .result import BaselineResult
 
 #: Simulations averaged per proposal by default: at regression's worst epsilon-10 release, 4 gave 2.7x the
@@ -127,7 +127,7 @@ def corrected(
         ess_first = kish_ess(first_weights)
         second = (
             fitted_proposal(task, theta.double(), first_weights, ((1.0,), (1.0,)))
-            if ess_first >= 2 * task.dim_unconstrained
+            if covariance_supported(ess_first, task.dim_unconstrained)
             else None
         )
         if n_second:

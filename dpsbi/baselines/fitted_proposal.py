@@ -21,6 +21,13 @@ from ..tasks import Task
 WIDE = ((1.5, 3.0), (0.8, 0.2))
 
 
+def covariance_supported(ess: float, dim: int) -> bool:
+    """Whether weighted draws of effective sample size ``ess`` support a covariance in ``dim`` unconstrained
+    dimensions (at least two effective draws per dimension): where :func:`fitted_proposal` and
+    :func:`~dpsbi.baselines.smoothed_resample` may use theirs."""
+    return ess >= 2 * dim
+
+
 def unconstrained_moments(
     task: Task, samples: Tensor, weights: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
