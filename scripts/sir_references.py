@@ -151,9 +151,12 @@ def main(argv: list[str] | None = None) -> None:
             proposal = fitted_proposal(task, theta, torch.softmax(log_w.double(), 0).to(theta))
     ess = kish(log_w)
     weights = torch.softmax(log_w.double(), 0)[:, None]
-    draws, bandwidth = smoothed_resample(
-        task, theta, weights[:, 0], args.store, torch.Generator().manual_seed(args.seed)
-    )
+    try:
+        draws, bandwidth = smoothed_resample(
+            task, theta, weights[:, 0], args.store, torch.Generator().manual_seed(args.seed)
+        )
+    except ValueError as error:  # too few effective draws for a reference: say so in one line, store nothing
+        sys.exit(f"sir_references.py: {stem}, {args.draws} draws: {error}")
     mean = (weights * theta.double()).sum(0)
     sd = ((weights * (theta.double() - mean) ** 2).sum(0)).sqrt()
     commit = subprocess.run(

@@ -127,7 +127,7 @@ TINY = {
         output="census_scale.jsonl",
     ),
     "scripts/sir_references.py": Tiny(
-        "--draws 20 --refit-draws 10 --chunk 10 --tau-particles 100 --tau-draws 200 --store 20 "
+        "--draws 600 --refit-draws 50 --chunk 50 --tau-particles 300 --tau-draws 400 --store 20 "
         "--work sir_references --store-dir references",
         output="references/sir_eps1.csv",
     ),
