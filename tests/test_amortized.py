@@ -444,6 +444,7 @@ def test_the_command_line_takes_amortized_and_epsilon_range():
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         ((_, settings),) = plan(compose("config", overrides=[*base, "method.epsilon_range=[0.5,2]"])).methods
         assert settings["amortized"] is True and list(settings["epsilon_range"]) == [0.5, 2]
+        assert settings["training"]["batch_size"] is None  # SPPE's amortized batch, as in the API
         with pytest.raises(ConfigError, match="does not hold the task's epsilon"):
             plan(compose("config", overrides=[*base, "method.epsilon_range=[2,4]"]))
 

@@ -276,6 +276,20 @@ def test_a_flat_training_setting_is_pointed_to_training(task):
         dpsbi.SPLE(task, foo=1)
 
 
+def test_an_amortized_sppe_fit_takes_a_tenth_of_a_round_per_batch_up_to_1000(task):
+    assert dpsbi.SPPE.defaults()["training"]["batch_size"] is None  # chosen per fit, as sims_per_round
+    assert dpsbi.SPPE(task).training.batch_size == 100
+    assert dpsbi.SPPE(task, amortized=True).training.batch_size == 1000  # of 10 000 a round
+    for per_round, batch in ((3000, 300), (500, 100), (50_000, 1000)):
+        fit = dpsbi.SPPE(task, amortized=True, sims_per_round=per_round)
+        assert fit.training.batch_size == batch, per_round
+    assert dpsbi.SPPE(task, amortized=True, training=dict(batch_size=64)).training.batch_size == 64
+    settings = dpsbi.inference.training.TrainingSettings(batch_size=None, max_steps=10)
+    assert dpsbi.SPPE(task, amortized=True, training=settings).training.batch_size == 1000
+    assert dpsbi.SPLE(task, amortized=True).training.batch_size == 100  # measured for SPPE only
+    assert dpsbi.NaiveNPE(task).training.batch_size == 100
+
+
 def test_naive_npe_spends_num_simulations_in_one_round(task):
     naive = dpsbi.NaiveNPE(task, num_simulations=60)
     assert (naive.rounds, naive.sims_per_round, naive.inner_samples) == (1, 60, 1)

@@ -12,7 +12,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -251,6 +251,9 @@ class SequentialEstimator(abc.ABC):
             self._check_stop_rule(task)
         self.task, self.space = task, ParameterSpace(task)
         self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
+        if self.training.batch_size is None:
+            batch_size = self.default_batch_size(self.amortized, self.sims_per_round)
+            self.training = replace(self.training, batch_size=batch_size)
         self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
         self.flow_settings, self.seed = FlowSettings.coerce(flow), check_seed(seed)
         self.checkpoint_path = checkpoint.path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -274,6 +277,11 @@ class SequentialEstimator(abc.ABC):
                 f"budget simulations={self.budget.simulations} leaves no first round (at least one training and "
                 f"one validation simulation, validation_fraction={self.training.validation_fraction})"
             )
+
+    @staticmethod
+    def default_batch_size(amortized: bool, sims_per_round: int) -> int:
+        """``training.batch_size`` where it is ``None``: :class:`TrainingSettings`' 100, whatever the fit."""
+        return TrainingSettings.batch_size
 
     @staticmethod
     def _check_epsilon_range(task: Task, epsilon_range, amortized: bool) -> tuple[float, float] | None:

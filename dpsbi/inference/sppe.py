@@ -10,7 +10,7 @@ from ..tasks import Task
 from .estimator import SequentialEstimator
 from .losses import atom_indices, noise_uniforms, sppe_loss
 from .posterior import FlowPosterior, Posterior
-from .training import Loss
+from .training import Loss, TrainingSettings
 from .truncation import truncated_prior_draws
 
 
@@ -27,12 +27,12 @@ class SPPE(SequentialEstimator):
     release after any round; with ``epsilon_range=(low, high)`` it is valid at any epsilon in the range too, the
     flow being ``q(theta | y, log epsilon)`` (:class:`~dpsbi.inference.estimator.SequentialEstimator`). An
     amortized fit draws 10 000 simulations a round where the call leaves ``sims_per_round`` out (10 rounds:
-    100 000 prior draws; :meth:`default_sims_per_round`): it must learn the posterior at every release, and every
-    epsilon of a range, from prior draws alone. Measured (docs/RESULTS.md, "Why the narrow end fell short, and
-    the amortized defaults"; one CPU thread): on naive Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a
-    round and 0.51-0.55 at 10 000 (20 prior-predictive releases at each of three epsilons, 3 seeds; fits 525-706
-    CPU s); on regression over 0.1-10 at its stored releases 0.75 / 0.57 / 0.58 at epsilon 10 / 1 / 0.1 against
-    0.65 / 0.56 / 0.53 (two seeds). Give a smaller ``sims_per_round`` where a simulation is costly (SIR's exact
+    100 000 prior draws; :meth:`default_sims_per_round`) on batches of 1000 (:meth:`default_batch_size`): it must
+    learn the posterior at every release, and every epsilon of a range, from prior draws alone. Measured
+    (docs/RESULTS.md, "Why the narrow end fell short, and the amortized defaults"; one CPU thread): on naive
+    Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a round and 0.51-0.55 at 10 000 (20 prior-predictive
+    releases at each of three epsilons, 3 seeds; fits 525-706 CPU s); on regression over 0.1-10 at its stored
+    releases 0.75 / 0.57 / 0.58 at epsilon 10 / 1 / 0.1 against 0.65 / 0.56 / 0.53 (two seeds). Give a smaller ``sims_per_round`` where a simulation is costly (SIR's exact
     simulator).
 
     ``combined_loss=True`` (sbi's ``use_combined_loss``): the atomic rounds also score the first round's prior
@@ -59,7 +59,8 @@ class SPPE(SequentialEstimator):
     paper_settings = {**SequentialEstimator.paper_settings, "atoms": 10}
     #: 1000 steps a round: an atomic M = 1 step is cheap (~36 ms), and on regression at epsilon 1 they reached
     #: C2ST 0.52 at 2000 simulations in 50 s where 500 steps needed 5000 simulations (docs/RESULTS.md).
-    training_defaults = {"max_steps": 1000}
+    #: ``batch_size=None``: chosen per fit by :meth:`default_batch_size` (larger for an amortized fit).
+    training_defaults = {"max_steps": 1000, "batch_size": None}
 
     def __init__(
         self,
@@ -111,6 +112,19 @@ class SPPE(SequentialEstimator):
         one, which must learn the posterior at every release (and every epsilon of a range) from prior draws
         alone (docs/RESULTS.md, "Why the narrow end fell short, and the amortized defaults")."""
         return 10_000 if amortized else 1000
+
+    @staticmethod
+    def default_batch_size(amortized: bool, sims_per_round: int) -> int:
+        """``training.batch_size`` where the call leaves it out: 100 for a fit at ``y_obs``; for an amortized fit a
+        tenth of a round's simulations between 100 and 1000 (1000 at the amortized default of 10 000 a round).
+        Measured over 20 prior-predictive releases per epsilon (docs/RESULTS.md, "Larger batches move the narrow
+        end"): on regression over epsilon 0.1-10 batch 1000 took epsilon 10's mean C2ST from 0.565-0.575 to
+        0.541-0.552 (3 seeds) at the same fit cost, 500 gave 0.554 and 3000 no more than 1000 for twice the fit;
+        on census tables the worst release at rho 0.15 went from 0.62-0.72 to 0.59-0.66 (3 seeds); naive Bayes,
+        the conjugate Gaussian and Poisson counts stayed where they were. An amortized fit with fewer simulations
+        a round keeps a tenth of them a batch (ten steps to its first round's epoch), never under 100."""
+        smallest = TrainingSettings.batch_size
+        return min(1000, max(smallest, sims_per_round // 10)) if amortized else smallest
 
     def options(self) -> dict:
         truncation = {

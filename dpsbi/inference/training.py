@@ -66,7 +66,8 @@ class TrainingSettings(Settings):
     rounds at a constant 5e-4 (:data:`~dpsbi.inference.estimator.PAPER_TRAINING`). ``lr_schedule`` is
     ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0 over the round's ``max_steps``,
     which it needs; every round starts again from ``lr``). ``validation_fraction`` of each round's simulations
-    are held out for the validation loss.
+    are held out for the validation loss. ``batch_size=None`` leaves the batch to the estimator, chosen per fit
+    (``SequentialEstimator.default_batch_size``: 100, or up to 1000 for an amortized SPPE fit).
 
     The machine: ``accelerator`` (``"auto"``: CUDA when a GPU is visible, else the CPU; ``"cpu"``, ``"cuda"``
     or ``"gpu"``, ``"mps"``), ``devices`` (one device: ``1``, ``"auto"``, or ``[k]`` for GPU ``k``),
@@ -79,7 +80,7 @@ class TrainingSettings(Settings):
     ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
 
     label: ClassVar[str] = "training"
-    batch_size: int = 100
+    batch_size: int | None = 100
     lr: float = 1e-3
     weight_decay: float = 1e-4
     clip: float = 5.0
@@ -97,7 +98,7 @@ class TrainingSettings(Settings):
 
     def __post_init__(self) -> None:
         checks = {
-            "batch_size": self.batch_size >= 1,
+            "batch_size": self.batch_size is None or self.batch_size >= 1,
             "lr": self.lr > 0,
             "weight_decay": self.weight_decay >= 0,
             "clip": self.clip > 0,
