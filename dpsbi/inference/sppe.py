@@ -123,7 +123,8 @@ class SPPE(SequentialEstimator):
         on census tables the worst release at rho 0.15 went from 0.62-0.72 to 0.59-0.66 (3 seeds); naive Bayes,
         the conjugate Gaussian and Poisson counts stayed where they were. An amortized fit with fewer simulations
         a round keeps a tenth of them a batch (ten steps to its first round's epoch), never under 100. SIR's flow
-        gained at epsilon 1 and 10 and lost at 0.1 (one seed) for 1.47x its fit (2146 CPU s): pass
+        lost at epsilon 0.1 (0.82-0.86 against 0.80, two seeds) and moved little elsewhere, for 1.5x its fit
+        (2146-2285 CPU s): pass
         ``training=dict(batch_size=100)`` where the fit's time matters more than the flow alone."""
         smallest = TrainingSettings.batch_size
         return min(1000, max(smallest, sims_per_round // 10)) if amortized else smallest
