@@ -13,7 +13,6 @@ import contextlib
 import csv
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -449,18 +448,14 @@ def _sample_releases(args) -> None:
 
 @contextlib.contextmanager
 def _outside_training_warned(note: str = ""):
-    """Within it, a posterior's warning that a release lies outside its training releases is printed once, as
-    one ``dpsbi-sample: warning:`` line on stderr (with ``note``), instead of Python's warning with its source."""
-    from .inference.release_check import ReleaseOutsideTraining
+    """Within it, a posterior's warning that a release lies outside its training releases is printed as one
+    ``dpsbi-sample: warning:`` line on stderr (with ``note``), instead of Python's warning with its source."""
+    from .inference.release_check import outside_training_caught
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ReleaseOutsideTraining)
+    with outside_training_caught() as lines:
         yield
-    for warning in caught:
-        if issubclass(warning.category, ReleaseOutsideTraining):
-            print(f"dpsbi-sample: warning: {warning.message}{note}", file=sys.stderr)
-        else:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    for line in lines:
+        print(f"dpsbi-sample: warning: {line}{note}", file=sys.stderr)
 
 
 def compare(argv: list[str] | None = None) -> None:

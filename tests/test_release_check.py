@@ -12,7 +12,12 @@ import torch
 import dpsbi
 from dpsbi import cli
 from dpsbi.inference import posterior_file
-from dpsbi.inference.release_check import ReleaseOutsideTraining, TrainingReleases, false_alarm_bound
+from dpsbi.inference.release_check import (
+    ReleaseOutsideTraining,
+    TrainingReleases,
+    false_alarm_bound,
+    outside_training_caught,
+)
 from dpsbi.tasks import load
 
 TINY = dict(flow=dict(transforms=1, hidden=8), training=dict(max_steps=5), progress=False)
@@ -168,3 +173,15 @@ def test_a_resumed_fit_has_the_statistics_of_an_uninterrupted_one(tmp_path):
     resumed = dpsbi.SPPE(task, rounds=2, checkpoint_dir=tmp_path, **settings).run()
     assert whole.training_releases.count == 200
     assert resumed.training_releases.to_dict() == whole.training_releases.to_dict()
+
+
+def test_outside_training_caught_keeps_the_lines_and_shows_every_other_warning():
+    with pytest.warns(RuntimeWarning, match="other") as shown:
+        with outside_training_caught() as lines:
+            warnings.warn("far out", ReleaseOutsideTraining, stacklevel=1)
+            warnings.warn("other", RuntimeWarning, stacklevel=1)
+            warnings.warn("far out again", ReleaseOutsideTraining, stacklevel=1)
+    assert lines == ["far out", "far out again"]
+    assert [w.category for w in shown] == [RuntimeWarning]
+    with pytest.warns(ReleaseOutsideTraining):  # restored on leaving
+        warnings.warn("after", ReleaseOutsideTraining, stacklevel=1)

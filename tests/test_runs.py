@@ -310,6 +310,33 @@ def test_a_run_killed_after_training_ends_trains_nothing_again(lost, tmp_path):
     ).stat().st_mtime_ns == scored  # no round trained or scored again
 
 
+def test_a_y_obs_outside_a_methods_training_releases_is_a_table_column_not_a_warning(tmp_path, capsys):
+    """NaiveNPE trains on noiseless summaries, so a y_obs far out (here 8 sds) lies outside them: the run says so
+    in its table and summary.json instead of a warning in the middle of its progress bars."""
+    overrides = [
+        *QUICK,
+        "task.y_obs=[8.0, 0.0]",
+        "method=naive_npe",
+        "method.num_simulations=200",
+        "method.training.max_epochs=2",
+        f"method.flow={FLOW}",
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (row,) = run_experiment(config(*overrides), tmp_path / "run")
+    assert row["y_obs_outside"] == "yes"
+    assert row["y_obs_outside_detail"].startswith(
+        "NaiveNPE: task 'conjugate_gaussian''s y_obs lies outside the 200 simulated releases"
+    )
+    assert (
+        "theta_1" not in row["y_obs_outside_detail"]
+        and "y0 = 8 (training releases span" in row["y_obs_outside_detail"]
+    )
+    out = capsys.readouterr().out
+    assert "y_obs_outside" in out.splitlines()[1] and "expected of naive_npe" in out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["runs"][0]["y_obs_outside"] == "yes"
+
+
 # ---- method settings ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides, message",

@@ -32,6 +32,7 @@ SUMMARY_COLUMNS = (
     "lmd",
     "rhat",
     "ess_bulk",
+    "y_obs_outside",
 )
 
 
@@ -113,6 +114,7 @@ COLUMN_MEANINGS = {
     "lmd": "log median distance between releases simulated from the draws and the observed release: lower is better",
     "rhat": "MCMC chains' rank-normalized split R-hat (ArviZ), largest over parameters: near 1 when the chains agree (Vehtari et al. ask < 1.01; chains of 20 draws read 1.01-1.02 even for independent draws)",
     "ess_bulk": "MCMC chains' bulk effective sample size (ArviZ), smallest over parameters: their worth in independent draws (SPLE: its chains run on to 20 draws each, 10000 for 500 chains)",
+    "y_obs_outside": "yes: y_obs lies outside the releases the method trained on, so its posterior extrapolates there (why: y_obs_outside_detail in summary.json); expected of naive_npe, which trains on noiseless summaries",
 }
 
 

@@ -42,6 +42,7 @@ from torch import Tensor
 from .. import metrics
 from ..files import BusyError, atomic_save, atomic_write, atomic_write_text, exclusive
 from ..inference import checkpoint, load_posterior
+from ..inference.release_check import outside_training_caught
 from ..tasks import Task
 from ..tasks.identity import differences
 from . import config, methods
@@ -177,6 +178,8 @@ def _fit_and_score(
             "cpu_time": elapsed[1],
             **score(draws),
             **methods.chain_summary(state, int(cfg.evaluation.num_samples), int(cfg.seed)),
+            # the fit's ReleaseOutsideTraining line about y_obs (``outside``, below): a column, not a warning
+            **({"y_obs_outside": "yes", "y_obs_outside_detail": outside[-1]} if outside else {}),
         }
         log.info(
             "%s round %d: %s",
@@ -191,16 +194,17 @@ def _fit_and_score(
         scoring[0] += time.perf_counter() - tic[0]
         scoring[1] += time.process_time() - tic[1]
 
-    state = methods.fit(
-        method,
-        task,
-        settings,
-        seed=int(cfg.seed),
-        num_samples=int(cfg.evaluation.num_samples),
-        checkpoint_dir=str(checkpoints),
-        progress=bool(cfg.progress),
-        on_round=on_round,
-    )
+    with outside_training_caught() as outside:
+        state = methods.fit(
+            method,
+            task,
+            settings,
+            seed=int(cfg.seed),
+            num_samples=int(cfg.evaluation.num_samples),
+            checkpoint_dir=str(checkpoints),
+            progress=bool(cfg.progress),
+            on_round=on_round,
+        )
     if not rows:
         raise RuntimeError(f"{method.name} finished without reporting a round (on_round_end never called)")
     draws, _ = read_draws(directory / f"samples_round_{rows[-1]['round']:02d}.csv")

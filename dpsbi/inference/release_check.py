@@ -22,6 +22,9 @@ default 10 000 simulations, 2 % for 200 (:func:`false_alarm_bound`)."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,25 @@ from torch import Tensor
 
 class ReleaseOutsideTraining(UserWarning):
     """A release lies outside the simulated releases a posterior was trained on (:mod:`dpsbi.inference.release_check`)."""
+
+
+@contextlib.contextmanager
+def outside_training_caught() -> Iterator[list[str]]:
+    """Within it, every :class:`ReleaseOutsideTraining` warning is appended, as its one line, to the list it
+    yields instead of being shown (for a caller that reports it its own way); other warnings are shown as before."""
+    lines: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ReleaseOutsideTraining)
+        show = warnings.showwarning
+
+        def divert(message, category, *args, **kwargs) -> None:
+            if issubclass(category, ReleaseOutsideTraining):
+                lines.append(str(message))
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = divert
+        yield lines
 
 
 def false_alarm_bound(count: int) -> float:
