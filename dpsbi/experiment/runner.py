@@ -185,7 +185,11 @@ def _fit_and_score(
             "%s round %d: %s",
             method.name,
             round_number,
-            ", ".join(f"{k}={_short(v)}" for k, v in row.items() if k not in ("task", "method", "round")),
+            ", ".join(
+                f"{k}={_short(v)}"
+                for k, v in row.items()
+                if k not in ("task", "method", "round", "y_obs_outside_detail")
+            ),
         )
         rows = earlier + [row]
         write_json(directory / ROWS, rows)
