@@ -345,6 +345,10 @@ def main() -> None:
         help="also run SBC and TARP on corrected draws, with this many proposals a pair",
     )
     args = parser.parse_args()
+    if args.pairs < 5:
+        parser.error(
+            f"--pairs must be at least 5 (sbi's SBC check cross-validates a classifier in 5 folds), got {args.pairs}"
+        )
     torch.set_num_threads(1)
     done = finished(args.out)
     for name in args.tasks:
