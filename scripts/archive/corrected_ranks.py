@@ -9,12 +9,13 @@ first N of them. One JSON line a pair (ranks out of 500 draws, the corrected ESS
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 import dpsbi
 
-sys.path.insert(0, "scripts")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for amortized_check
 import amortized_check as a  # noqa: E402
 
 path, part, n, out_path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
