@@ -3,7 +3,9 @@ on each device and flow backend at three sizes, with its device-to-host synchron
 ``python scripts/bench_step.py [--devices cpu cuda] [--backends dpsbi nflows] [--json out.jsonl]``.
 
 SPPE's atomic step on regression at epsilon 1 (batch ``B``, ``M = 1`` release, 10 atoms: ``10 B`` flow
-evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluations); eager, replayed as a CUDA
+evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluations); with ``--step
+sir_amortized`` SIR's amortized step instead (the plain loss over epsilon 0.1-10, one binomial-curve release a
+row, ``B`` flow evaluations; B = 1000 is the amortized default). Eager, replayed as a CUDA
 graph (``cuda_graph``, what a fit on CUDA runs by default), and compiled (``torch.compile``, CUDA only by default)
 with its compile time. Each row: the median over ``--repeats`` timed
 steps after ``--warmup`` steps (CUDA synchronized around each), written to ``--json`` as it is measured. CPU
@@ -25,19 +27,25 @@ import dpsbi
 from dpsbi.inference.training import TrainingSettings, _deterministic, _Round, batches
 
 SIZES = (100, 1000, 10000)
+#: The steps timed: SPPE's arguments beside the task (``--step``).
+STEPS = {
+    "regression": ("regression", 1.0, {}),
+    "sir_amortized": ("sir", 1.0, {"amortized": True, "epsilon_range": (0.1, 10.0)}),
+}
 
 
-def _estimator(backend: str, batch: int) -> dpsbi.SPPE:
-    """SPPE on regression at epsilon 1 with ``2 batch`` stored simulations and a flow built on them (one tiny
-    round on the CPU), ready for its atomic loss."""
-    task = dpsbi.tasks.load("regression", epsilon=1.0)
+def _estimator(backend: str, batch: int, step: str = "regression") -> dpsbi.SPPE:
+    """SPPE on ``step``'s task (:data:`STEPS`) with ``2 batch`` stored simulations and a flow built on them (one
+    tiny round on the CPU), ready for its loss of the second round (atomic on regression)."""
+    name, epsilon, options = STEPS[step]
     estimator = dpsbi.SPPE(
-        task,
+        dpsbi.tasks.load(name, epsilon=epsilon),
         rounds=1,
         sims_per_round=max(2 * batch, 200),
         flow=dict(backend=backend),
         training=dict(max_steps=1, accelerator="cpu"),
         progress=False,
+        **options,
     )
     estimator.run()
     return estimator
@@ -57,13 +65,14 @@ def measure(
     warmup: int,
     repeats: int,
     graph: bool = False,
+    step: str = "regression",
 ) -> dict:
     """One row: ms per step (median and min), steps timed, the first step's seconds (compiling, when compiled),
     synchronizations per step. ``compiled``: a ``torch.compile`` mode, or ``None``; ``graph``: the step replayed
     as a CUDA graph (else eager, when not compiled); ``deterministic``: under the deterministic kernels a fit on
     CUDA runs with (``_deterministic``)."""
     device = torch.device(device)
-    estimator = _estimator(backend, batch)
+    estimator = _estimator(backend, batch, step)
     flow = estimator.flow.to(device)
     data = tuple(t.to(device) for t in estimator._dataset(False))
     settings = TrainingSettings(
@@ -101,10 +110,11 @@ def measure(
             # the first call of the debug mode also warns that it is a prototype: not a synchronization
             syncs = sum("synchroniz" in str(w.message) and "prototype" not in str(w.message) for w in caught)
     return {
+        "step": step,
         "backend": backend,
         "device": device.type,
         "batch": batch,
-        "flow_evaluations": batch * 10,
+        "flow_evaluations": batch * estimator.atoms_of(1),
         "compiled": compiled,
         "cuda_graph": graph,
         "deterministic": deterministic,
@@ -125,6 +135,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--backends", nargs="+", default=["dpsbi", "nflows"])
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
+    parser.add_argument("--step", choices=list(STEPS), default="regression", help="the step timed")
     parser.add_argument(
         "--compile-on", nargs="*", default=["cuda"], help="devices whose dpsbi rows are also compiled"
     )
@@ -164,7 +175,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ]
     out = []
     for device, backend, batch, compiled, deterministic, graph in plan:  # compiled rows (slow to build) last
-        row = measure(backend, device, batch, compiled, deterministic, args.warmup, args.repeats, graph)
+        row = measure(
+            backend, device, batch, compiled, deterministic, args.warmup, args.repeats, graph, args.step
+        )
         print(json.dumps(row), flush=True)
         out.append(row)
         if args.json:

@@ -72,6 +72,17 @@ def test_binomial_icdf_equals_scipy(n):
     assert np.array_equal(binomial_icdf(u, n, p).numpy(), stats.binom.ppf(u.numpy(), n, p.numpy()))
 
 
+@pytest.mark.parametrize("n", [7, 1000, 10_000])
+def test_binomial_icdf_equals_scipy_near_probabilities_0_and_1(n):
+    """The window's ``k logit p + n log(1 - p)`` form of the log pmf loses nothing where ``p`` is within 1e-9 of 0
+    or 1 (``log(1 - p)`` large, ``logit p`` large)."""
+    g = torch.Generator().manual_seed(n)
+    u = torch.rand(4000, generator=g, dtype=torch.float64)
+    near = 10 ** -torch.empty(2000, dtype=torch.float64).uniform_(3, 9, generator=g)
+    p = torch.cat([near, 1 - near])
+    assert np.array_equal(binomial_icdf(u, n, p).numpy(), stats.binom.ppf(u.numpy(), n, p.numpy()))
+
+
 def test_binomial_icdf_broadcasts_shared_probabilities():
     g = torch.Generator().manual_seed(0)
     u, p = torch.rand(20, 16, 3, generator=g), torch.rand(20, 1, 3, generator=g)

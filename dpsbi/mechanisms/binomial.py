@@ -43,16 +43,21 @@ def _binomial_cdf_window(n: int, p: Tensor) -> tuple[Tensor, Tensor]:
     """CDF of ``Bin(n, p)`` on a window ``lo, lo+1, ..`` holding all but 1e-18 of the mass.
 
     ``p`` has shape ``(P,)``; returns ``lo`` of shape ``(P,)`` and the CDF of shape ``(P, W)``. ``W`` is the
-    window of the widest case ``p = 1/2``, known on the host without reading ``p``: no device sync.
-    """
+    window of the widest case ``p = 1/2``, known on the host without reading ``p``: no device sync. The
+    ``(P, W)`` work is one row gather and four in-place passes (``log C(n, k) + k logit p + n log(1 - p)``, exp,
+    cumsum), no ``(P, W)`` temporaries: at SIR's amortized batch (10 000 windows of 322) it was most of a training
+    step (docs/RESULTS.md, "The binomial quantile and SIR's amortized fit")."""
     half = _half_width(n, n * p * (1 - p))
     lo = torch.floor(n * p - half).clamp(min=0)
     width = min(n, 2 * math.ceil(_half_width(n, n / 4)) + 1) + 1
-    k = (lo[:, None] + torch.arange(width, device=p.device, dtype=p.dtype)).clamp(max=n)
-    logc = log_binomial_coefficients(n, device=p.device)[k.long()]
-    pmf = torch.exp(logc + k * torch.log(p[:, None]) + (n - k) * torch.log1p(-p[:, None]))
-    pmf[:, 1:] = torch.where(k[:, 1:] > k[:, :-1], pmf[:, 1:], 0.0)  # entries past n repeat k = n
-    return lo, torch.cumsum(pmf, dim=-1)
+    past_n = torch.full((width,), -math.inf, device=p.device, dtype=p.dtype)  # k > n: probability 0
+    log_c = torch.cat([log_binomial_coefficients(n, device=p.device, dtype=p.dtype), past_n])
+    log_pmf = log_c.unfold(0, width, 1)[lo.long()]  # row i: log C(n, k) at k = lo_i .. lo_i + W - 1
+    j = torch.arange(width, device=p.device, dtype=p.dtype)
+    log_1mp = torch.log1p(-p)
+    logit = torch.log(p) - log_1mp
+    log_pmf.addcmul_(j, logit[:, None]).add_((lo * logit + n * log_1mp)[:, None])
+    return lo, log_pmf.exp_().cumsum_(-1)
 
 
 def binomial_icdf(u: Tensor, n: int, p: Tensor) -> Tensor:
