@@ -124,7 +124,8 @@ class SPPE(SequentialEstimator):
         the conjugate Gaussian and Poisson counts stayed where they were. An amortized fit with fewer simulations
         a round keeps a tenth of them a batch (ten steps to its first round's epoch), never under 100. SIR's flow
         lost at epsilon 0.1 (0.82-0.86 against 0.80, two seeds) and moved little elsewhere, for 1.5x its fit
-        (2146-2285 CPU s): pass ``training=dict(batch_size=100)`` where the fit's time matters more."""
+        then (2146-2285 CPU s; 1481-1490 since its binomial noise got cheaper: docs/RESULTS.md, "The binomial quantile
+        and SIR's amortized fit"): ``training=dict(batch_size=100)`` keeps the smaller batch."""
         smallest = TrainingSettings.batch_size
         return min(1000, max(smallest, sims_per_round // 10)) if amortized else smallest
 
