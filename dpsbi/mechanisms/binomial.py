@@ -45,8 +45,8 @@ def _binomial_cdf_window(n: int, p: Tensor) -> tuple[Tensor, Tensor]:
     ``p`` has shape ``(P,)``; returns ``lo`` of shape ``(P,)`` and the CDF of shape ``(P, W)``. ``W`` is the
     window of the widest case ``p = 1/2``, known on the host without reading ``p``: no device sync. The
     ``(P, W)`` work is one row gather and four in-place passes (``log C(n, k) + k logit p + n log(1 - p)``, exp,
-    cumsum), no ``(P, W)`` temporaries: at SIR's amortized batch (10 000 windows of 322) it was most of a training
-    step (docs/RESULTS.md, "The binomial quantile and SIR's amortized fit")."""
+    cumsum), no ``(P, W)`` temporaries: at SIR's amortized batch (10 000 windows of 322) the dozen temporaries
+    before made a training step twice as long (docs/RESULTS.md, "The binomial quantile and SIR's amortized fit")."""
     half = _half_width(n, n * p * (1 - p))
     lo = torch.floor(n * p - half).clamp(min=0)
     width = min(n, 2 * math.ceil(_half_width(n, n / 4)) + 1) + 1
