@@ -445,6 +445,7 @@ def test_the_command_line_takes_amortized_and_epsilon_range():
         ((_, settings),) = plan(compose("config", overrides=[*base, "method.epsilon_range=[0.5,2]"])).methods
         assert settings["amortized"] is True and list(settings["epsilon_range"]) == [0.5, 2]
         assert settings["training"]["batch_size"] is None  # SPPE's amortized batch, as in the API
+        assert settings["training"]["weight_decay"] is None  # and its weight decay
         with pytest.raises(ConfigError, match="does not hold the task's epsilon"):
             plan(compose("config", overrides=[*base, "method.epsilon_range=[2,4]"]))
 

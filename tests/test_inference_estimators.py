@@ -290,6 +290,17 @@ def test_an_amortized_sppe_fit_takes_a_tenth_of_a_round_per_batch_up_to_1000(tas
     assert dpsbi.NaiveNPE(task).training.batch_size == 100
 
 
+def test_an_amortized_sppe_fit_has_no_weight_decay_unless_asked(task):
+    assert dpsbi.SPPE.defaults()["training"]["weight_decay"] is None  # chosen per fit, as batch_size
+    assert dpsbi.SPPE(task).training.weight_decay == 1e-4
+    assert dpsbi.SPPE(task, amortized=True).training.weight_decay == 0.0
+    assert dpsbi.SPPE(task, amortized=True, training=dict(weight_decay=1e-3)).training.weight_decay == 1e-3
+    assert dpsbi.SPLE(task, amortized=True).training.weight_decay == 1e-4  # measured for SPPE only
+    assert dpsbi.NaiveNPE(task).training.weight_decay == 1e-4
+    with pytest.raises(ValueError, match="weight_decay"):
+        dpsbi.SPPE(task, training=dict(weight_decay=-1.0))
+
+
 def test_naive_npe_spends_num_simulations_in_one_round(task):
     naive = dpsbi.NaiveNPE(task, num_simulations=60)
     assert (naive.rounds, naive.sims_per_round, naive.inner_samples) == (1, 60, 1)

@@ -251,9 +251,12 @@ class SequentialEstimator(abc.ABC):
             self._check_stop_rule(task)
         self.task, self.space = task, ParameterSpace(task)
         self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
-        if self.training.batch_size is None:
-            batch_size = self.default_batch_size(self.amortized, self.sims_per_round)
-            self.training = replace(self.training, batch_size=batch_size)
+        chosen = {
+            "batch_size": self.default_batch_size(self.amortized, self.sims_per_round),
+            "weight_decay": self.default_weight_decay(self.amortized),
+        }
+        left = {name: value for name, value in chosen.items() if getattr(self.training, name) is None}
+        self.training = replace(self.training, **left)
         self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
         self.flow_settings, self.seed = FlowSettings.coerce(flow), check_seed(seed)
         self.checkpoint_path = checkpoint.path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -282,6 +285,11 @@ class SequentialEstimator(abc.ABC):
     def default_batch_size(amortized: bool, sims_per_round: int) -> int:
         """``training.batch_size`` where it is ``None``: :class:`TrainingSettings`' 100, whatever the fit."""
         return TrainingSettings.batch_size
+
+    @staticmethod
+    def default_weight_decay(amortized: bool) -> float:
+        """``training.weight_decay`` where it is ``None``: :class:`TrainingSettings`' 1e-4, whatever the fit."""
+        return TrainingSettings.weight_decay
 
     @staticmethod
     def _check_epsilon_range(task: Task, epsilon_range, amortized: bool) -> tuple[float, float] | None:

@@ -67,7 +67,9 @@ class TrainingSettings(Settings):
     ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0 over the round's ``max_steps``,
     which it needs; every round starts again from ``lr``). ``validation_fraction`` of each round's simulations
     are held out for the validation loss. ``batch_size=None`` leaves the batch to the estimator, chosen per fit
-    (``SequentialEstimator.default_batch_size``: 100, or up to 1000 for an amortized SPPE fit).
+    (``SequentialEstimator.default_batch_size``: 100, or up to 1000 for an amortized SPPE fit), and
+    ``weight_decay=None`` the L2 penalty (``SequentialEstimator.default_weight_decay``: 1e-4, or 0 for an
+    amortized SPPE fit).
 
     The machine: ``accelerator`` (``"auto"``: CUDA when a GPU is visible, else the CPU; ``"cpu"``, ``"cuda"``
     or ``"gpu"``, ``"mps"``), ``devices`` (one device: ``1``, ``"auto"``, or ``[k]`` for GPU ``k``),
@@ -82,7 +84,7 @@ class TrainingSettings(Settings):
     label: ClassVar[str] = "training"
     batch_size: int | None = 100
     lr: float = 1e-3
-    weight_decay: float = 1e-4
+    weight_decay: float | None = 1e-4
     clip: float = 5.0
     patience: int = 20
     max_epochs: int | None = None
@@ -100,7 +102,7 @@ class TrainingSettings(Settings):
         checks = {
             "batch_size": self.batch_size is None or self.batch_size >= 1,
             "lr": self.lr > 0,
-            "weight_decay": self.weight_decay >= 0,
+            "weight_decay": self.weight_decay is None or self.weight_decay >= 0,
             "clip": self.clip > 0,
             "patience": self.patience >= 1,
             "max_epochs": self.max_epochs is None or self.max_epochs >= 1,
