@@ -28,8 +28,8 @@ class SPPE(SequentialEstimator):
     flow being ``q(theta | y, log epsilon)`` (:class:`~dpsbi.inference.estimator.SequentialEstimator`). An
     amortized fit draws 10 000 simulations a round where the call leaves ``sims_per_round`` out (10 rounds:
     100 000 prior draws; :meth:`default_sims_per_round`) on batches of 1000 (:meth:`default_batch_size`) without
-    weight decay (:meth:`default_weight_decay`): it must
-    learn the posterior at every release, and every epsilon of a range, from prior draws alone. Measured
+    weight decay (:meth:`default_weight_decay`): it must learn the posterior at every release, and every epsilon
+    of a range, from prior draws alone. Measured
     (docs/RESULTS.md, "Why the narrow end fell short, and the amortized defaults"; one CPU thread): on naive
     Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a round and 0.51-0.55 at 10 000 (20 prior-predictive
     releases at each of three epsilons, 3 seeds; fits 525-706 CPU s); on regression over 0.1-10 at its stored
@@ -126,8 +126,8 @@ class SPPE(SequentialEstimator):
         the conjugate Gaussian and Poisson counts stayed where they were. An amortized fit with fewer simulations
         a round keeps a tenth of them a batch (ten steps to its first round's epoch), never under 100. SIR's flow
         lost at epsilon 0.1 (0.82-0.86 against 0.80, two seeds) and moved little elsewhere, for 1.5x its fit
-        then (2146-2285 CPU s; 1481-1490 since its binomial noise got cheaper: docs/RESULTS.md, "The binomial quantile
-        and SIR's amortized fit"): ``training=dict(batch_size=100)`` keeps the smaller batch."""
+        then (2146-2285 CPU s; 1481-1490 since its binomial noise got cheaper: docs/RESULTS.md, "The binomial
+        quantile and SIR's amortized fit"): ``training=dict(batch_size=100)`` keeps the smaller batch."""
         smallest = TrainingSettings.batch_size
         return min(1000, max(smallest, sims_per_round // 10)) if amortized else smallest
 
@@ -135,11 +135,12 @@ class SPPE(SequentialEstimator):
     def default_weight_decay(amortized: bool) -> float:
         """``training.weight_decay`` where the call leaves it out: 1e-4 for a fit at ``y_obs``, 0 for an amortized
         one. Measured over 20 prior-predictive releases per epsilon (docs/RESULTS.md, "Weight decay and the
-        narrow end"): on regression over epsilon 0.1-10, none took epsilon 10's mean C2ST from 0.541-0.552 to
-        0.527-0.536 and its worst release from 0.633-0.694 to 0.596-0.630 (3 seeds; 45 of the 60 releases closer),
-        epsilon 0.1 and 1, the conjugate Gaussian and Poisson counts unchanged; naive Bayes lost a little at epsilon
-        4 and 9 (mean +0.005 and +0.010, still 0.52-0.53), census tables at rho 0.15 +0.006. Adam divides the L2 term by each weight's gradient scale, so it pulls
-        hardest on the weights that few releases move (a likely reason, not isolated)."""
+        narrow end"): on regression over epsilon 0.1-10, no decay took epsilon 10's mean C2ST from 0.541-0.552 to
+        0.527-0.536 and its worst release from 0.633-0.694 to 0.596-0.630 (3 seeds; 45 of the 60 releases
+        closer), epsilon 0.1 and 1, the conjugate Gaussian and Poisson counts unchanged; naive Bayes lost a little
+        at epsilon 4 and 9 (mean +0.005 and +0.010, still 0.52-0.53), census tables at rho 0.15 +0.006. Adam
+        divides the L2 term by each weight's gradient scale, so it pulls hardest on the weights that few releases
+        move (a likely reason, not isolated)."""
         return 0.0 if amortized else TrainingSettings.weight_decay
 
     def options(self) -> dict:
