@@ -77,6 +77,11 @@ def test_a_user_simulator_trains_sppe_and_sple(kind, method):
     assert draws.shape == (10, 2) and draws.dtype == torch.get_default_dtype() and torch.isfinite(draws).all()
 
 
+def test_a_user_says_whether_the_simulator_is_costly():
+    assert not _task().costly_simulator and _task(costly_simulator=True).costly_simulator
+    assert dpsbi.SPPE(_task(costly_simulator=True), amortized=True).sims_per_round == 10_000
+
+
 @pytest.mark.parametrize("kind", list(SIMULATORS))
 def test_the_simulator_is_reproducible_from_the_generator(kind):
     task = _task(kind)

@@ -2,6 +2,7 @@
 callbacks and resuming an interrupted run."""
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -311,7 +312,16 @@ def test_naive_npe_spends_num_simulations_in_one_round(task):
         sppe["sims_per_round"] is None and dpsbi.SPPE(task).sims_per_round == per_round
     )  # None: chosen per fit
     assert dpsbi.NaiveNPE.defaults()["num_simulations"] == sppe["rounds"] * per_round == 10_000
-    assert dpsbi.SPPE(task, amortized=True).sims_per_round == 10_000
+    assert dpsbi.SPPE(task, amortized=True).sims_per_round == 100_000
+    costly = dataclasses.replace(task, costly_simulator=True)
+    assert dpsbi.SPPE(costly, amortized=True).sims_per_round == 10_000
+    # the stored numbers capped: 2 parameters and 2 statistics a row, so 62 500 a round over 200 rounds
+    assert dpsbi.SPPE(task, amortized=True, rounds=200).sims_per_round == 62_500
+    assert dpsbi.SPPE(task, amortized=True, rounds=2000).sims_per_round == 10_000  # never under 10 000
+    wide = types.SimpleNamespace(costly_simulator=False, dim_theta=3, dim_s=1000)  # a 1000-cell census table
+    assert dpsbi.SPPE.default_sims_per_round(True, wide) == 10_000
+    with pytest.raises(ValueError, match="depends on its task"):
+        dpsbi.SPPE.default_sims_per_round(True)
     assert dpsbi.SPPE(task, amortized=True, sims_per_round=500).sims_per_round == 500
     assert not {"rounds", "sims_per_round", "inner_samples", "qmc"} & set(dpsbi.NaiveNPE.defaults())
     assert dpsbi.NaiveNPE.defaults(paper=True)["num_simulations"] == 10_000

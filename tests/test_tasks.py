@@ -81,6 +81,12 @@ def test_real_outbreaks_are_flagged_as_not_mechanism_releases():
         load("sir_influenza", epsilon=1.0)
 
 
+def test_sir_tasks_say_their_simulator_is_costly():
+    """So that an amortized SPPE fit draws 10 000 a round by default, not 100 000 (15 CPU ms a simulation)."""
+    assert load("sir").costly_simulator and load("sir_influenza").costly_simulator
+    assert not load("naive_bayes").costly_simulator and not load("regression").costly_simulator
+
+
 def test_a_privatized_outbreak_is_the_mechanism_applied_to_the_curves_counts():
     """``y_obs="privatize"`` releases the curve's counts in K through the binomial mechanism: over 400 seeds each
     point's mean is the mechanism's success probability at those counts (z within 4 binomial standard errors:

@@ -13,6 +13,11 @@ from .posterior import FlowPosterior, Posterior
 from .training import Loss, TrainingSettings
 from .truncation import truncated_prior_draws
 
+#: The most parameters and statistics (numbers) that an amortized fit's default simulations keep: census_table's
+#: 46 cells and 3 parameters at 10 rounds of 100 000 (49 million) held 1.75 GB in the last round, 3.85 GB at the
+#: peak of fit and scoring (docs/RESULTS.md, "Simulations that are cheap: a million for an amortized fit").
+AMORTIZED_STORED_NUMBERS = 50_000_000
+
 
 class SPPE(SequentialEstimator):
     """Sequential private posterior estimation (main paper, Alg. 1).
@@ -26,15 +31,15 @@ class SPPE(SequentialEstimator):
     draws: the atomic correction is for proposals other than the prior), so the posterior is valid at any
     release after any round; with ``epsilon_range=(low, high)`` it is valid at any epsilon in the range too, the
     flow being ``q(theta | y, log epsilon)`` (:class:`~dpsbi.inference.estimator.SequentialEstimator`). An
-    amortized fit draws 10 000 simulations a round where the call leaves ``sims_per_round`` out (10 rounds:
-    100 000 prior draws; :meth:`default_sims_per_round`) on batches of 1000 (:meth:`default_batch_size`) without
-    weight decay (:meth:`default_weight_decay`): it must learn the posterior at every release, and every epsilon
-    of a range, from prior draws alone. Measured
-    (docs/RESULTS.md, "Why the narrow end fell short, and the amortized defaults"; one CPU thread): on naive
-    Bayes over epsilon 1-10 mean C2ST 0.60-0.62 at 1000 a round and 0.51-0.55 at 10 000 (20 prior-predictive
-    releases at each of three epsilons, 3 seeds; fits 525-706 CPU s); on regression over 0.1-10 at its stored
-    releases 0.75 / 0.57 / 0.58 at epsilon 10 / 1 / 0.1 against 0.65 / 0.56 / 0.53 (two seeds). Give a smaller
-    ``sims_per_round`` where a simulation is costly (SIR's exact simulator).
+    amortized fit draws 100 000 simulations a round where the call leaves ``sims_per_round`` out (10 rounds: a
+    million prior draws; fewer where they would not fit in memory, 10 000 where ``task.costly_simulator``:
+    :meth:`default_sims_per_round`) on batches of 1000 (:meth:`default_batch_size`) without weight decay
+    (:meth:`default_weight_decay`): it must learn the posterior at every release, and every epsilon of a range,
+    from prior draws alone. Measured (docs/RESULTS.md, "Why the narrow end fell short, and the amortized
+    defaults" and "Simulations that are cheap"; one CPU thread): on naive Bayes over epsilon 1-10 mean C2ST
+    0.60-0.62 at 1000 a round, 0.51-0.55 at 10 000 and 0.50-0.52 at 100 000 (20 prior-predictive releases at
+    each of three epsilons); on regression over 0.1-10 at its stored releases 0.75 / 0.57 / 0.58 at epsilon 10
+    / 1 / 0.1 at 1000 a round against 0.65 / 0.56 / 0.53 at 10 000 (two seeds).
 
     ``combined_loss=True`` (sbi's ``use_combined_loss``): the atomic rounds also score the first round's prior
     draws by the plain loss ``-log q(theta | y)``, at no extra flow evaluation. The atomic loss compares ``q`` only
@@ -51,7 +56,7 @@ class SPPE(SequentialEstimator):
     :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
-    rounds of 1000 simulations (10 000 with ``amortized=True``: :meth:`default_sims_per_round`), one plain-MC release per simulation at every step (an atomic step at M = 8
+    rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one plain-MC release per simulation at every step (an atomic step at M = 8
     costs ~6x more and bought no accuracy per second there), 1000 gradient steps a round with a cosine
     learning rate from 1e-3. :meth:`paper` gives the paper's settings (M = 32 RQMC, open-ended rounds).
     """
@@ -79,7 +84,7 @@ class SPPE(SequentialEstimator):
         **kwargs,
     ) -> None:
         if sims_per_round is None:
-            sims_per_round = self.default_sims_per_round(bool(kwargs.get("amortized", False)))
+            sims_per_round = self.default_sims_per_round(bool(kwargs.get("amortized", False)), task, rounds)
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         if int(atoms) < 2:
             raise ValueError(f"atomic APT needs atoms >= 2, got {atoms}")
@@ -109,16 +114,30 @@ class SPPE(SequentialEstimator):
         self.combined_loss = bool(combined_loss)
 
     @staticmethod
-    def default_sims_per_round(amortized: bool) -> int:
-        """``sims_per_round`` where the call leaves it out: 1000 for a fit at ``y_obs``, 10 000 for an amortized
-        one, which must learn the posterior at every release (and every epsilon of a range) from prior draws
-        alone (docs/RESULTS.md, "Why the narrow end fell short, and the amortized defaults")."""
-        return 10_000 if amortized else 1000
+    def default_sims_per_round(amortized: bool, task: Task | None = None, rounds: int = 10) -> int:
+        """``sims_per_round`` where the call leaves it out: 1000 for a fit at ``y_obs``; for an amortized fit of
+        ``rounds`` rounds on ``task`` (required then), which must learn the posterior at every release and every
+        epsilon of a range from prior draws alone, 100 000, or as many as keep the fit's stored parameters and
+        statistics to :data:`AMORTIZED_STORED_NUMBERS` numbers, never under 10 000; 10 000 where
+        ``task.costly_simulator``. Measured over 20 prior-predictive releases per epsilon (docs/RESULTS.md,
+        "Simulations that are cheap: a million for an amortized fit"): ten times the simulations of the 10 000 a
+        round before took naive Bayes over epsilon 1-10 from mean C2ST 0.543 / 0.519 / 0.526 at epsilon 1.5 / 4 /
+        9 to 0.522 / 0.504 / 0.505 (57 of 60 releases closer): at 10 000 a round it fitted its simulations more
+        closely than held-out ones, each seen ~100 times; 10 000 a round had taken it from 0.60-0.62 at 1000
+        ("Why the narrow end fell short, and the amortized defaults")."""
+        if not amortized:
+            return 1000
+        if task is None:
+            raise ValueError("the default sims_per_round of an amortized fit depends on its task")
+        if task.costly_simulator:
+            return 10_000
+        fits = AMORTIZED_STORED_NUMBERS // (int(rounds) * (task.dim_theta + task.dim_s))
+        return min(100_000, max(10_000, fits))
 
     @staticmethod
     def default_batch_size(amortized: bool, sims_per_round: int) -> int:
         """``training.batch_size`` where the call leaves it out: 100 for a fit at ``y_obs``; for an amortized fit a
-        tenth of a round's simulations between 100 and 1000 (1000 at the amortized default of 10 000 a round).
+        tenth of a round's simulations between 100 and 1000 (1000 at the amortized defaults of 10 000 and more a round).
         Measured over 20 prior-predictive releases per epsilon (docs/RESULTS.md, "Larger batches move the narrow
         end"): on regression over epsilon 0.1-10 batch 1000 took epsilon 10's mean C2ST from 0.565-0.575 to
         0.541-0.552 (3 seeds) at the same fit cost, 500 gave 0.554 and 3000 no more than 1000 for twice the fit;

@@ -63,6 +63,10 @@ class Task:
     spec: dict | None = None
     release_names: list[str] = field(default_factory=list)
     statistic_bounds: Tensor | None = None
+    #: True where one simulation costs about a millisecond of CPU or more (SIR's exact Gillespie simulator: about
+    #: 15 CPU ms): defaults that would draw a million simulations (an amortized
+    #: SPPE fit, :meth:`~dpsbi.inference.sppe.SPPE.default_sims_per_round`) draw a tenth of them.
+    costly_simulator: bool = False
 
     def __post_init__(self) -> None:
         if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:

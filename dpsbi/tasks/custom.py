@@ -256,6 +256,7 @@ def from_simulator(
     chunk_size: int = CHUNK_SIZE,
     description: str = "",
     statistic_bounds=None,
+    costly_simulator: bool = False,
 ) -> Task:
     """A :class:`Task` for your own model, checked before any real simulation.
 
@@ -288,6 +289,9 @@ def from_simulator(
       ``[0, inf]``); a simulated statistic outside it is an error. With Laplace noise, posterior flows clamp
       releases to it, which changes no exact posterior and spares the flow releases it has never seen
       (:meth:`Task.release_bounds`).
+    - ``costly_simulator``: ``True`` where one simulation costs about a millisecond or more (an ODE solve, an
+      agent-based model): an amortized SPPE fit then draws 100 000 simulations by default instead of up to a
+      million (:attr:`Task.costly_simulator`).
 
     Every input is checked at once and a ``ValueError`` lists each problem on its own line: a release of
     the wrong length, with NaN/inf or outside the mechanism's support; a prior that is not over vectors, is
@@ -339,6 +343,7 @@ def from_simulator(
         description=description,
         release_names=list(release_names or []),
         statistic_bounds=statistic_bounds,
+        costly_simulator=bool(costly_simulator),
     )
 
 
