@@ -318,8 +318,13 @@ def test_naive_npe_spends_num_simulations_in_one_round(task):
     # the stored numbers capped: 2 parameters and 2 statistics a row, so 62 500 a round over 200 rounds
     assert dpsbi.SPPE(task, amortized=True, rounds=200).sims_per_round == 62_500
     assert dpsbi.SPPE(task, amortized=True, rounds=2000).sims_per_round == 10_000  # never under 10 000
-    wide = types.SimpleNamespace(costly_simulator=False, dim_theta=3, dim_s=1000)  # a 1000-cell census table
+    wide = types.SimpleNamespace(  # a 1000-cell census table
+        costly_simulator=False, dim_theta=3, mechanism=types.SimpleNamespace(input_dim=1000)
+    )
     assert dpsbi.SPPE.default_sims_per_round(True, wide) == 10_000
+    # counted on the stored statistic, not the release: 1000 cells released as 2 sums keep 1003 numbers a row
+    summed = types.SimpleNamespace(costly_simulator=False, dim_theta=3, dim_s=2, mechanism=wide.mechanism)
+    assert dpsbi.SPPE.default_sims_per_round(True, summed) == 10_000
     with pytest.raises(ValueError, match="depends on its task"):
         dpsbi.SPPE.default_sims_per_round(True)
     assert dpsbi.SPPE(task, amortized=True, sims_per_round=500).sims_per_round == 500

@@ -56,8 +56,9 @@ class SPPE(SequentialEstimator):
     :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
-    rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one plain-MC release per simulation at every step (an atomic step at M = 8
-    costs ~6x more and bought no accuracy per second there), 1000 gradient steps a round with a cosine
+    rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one
+    plain-MC release per simulation at every step (an atomic step at M = 8 costs ~6x more and bought no accuracy
+    per second there), 1000 gradient steps a round with a cosine
     learning rate from 1e-3. :meth:`paper` gives the paper's settings (M = 32 RQMC, open-ended rounds).
     """
 
@@ -118,26 +119,27 @@ class SPPE(SequentialEstimator):
         """``sims_per_round`` where the call leaves it out: 1000 for a fit at ``y_obs``; for an amortized fit of
         ``rounds`` rounds on ``task`` (required then), which must learn the posterior at every release and every
         epsilon of a range from prior draws alone, 100 000, or as many as keep the fit's stored parameters and
-        statistics to :data:`AMORTIZED_STORED_NUMBERS` numbers, never under 10 000; 10 000 where
-        ``task.costly_simulator``. Measured over 20 prior-predictive releases per epsilon (docs/RESULTS.md,
-        "Simulations that are cheap: a million for an amortized fit"): ten times the simulations of the 10 000 a
-        round before took naive Bayes over epsilon 1-10 from mean C2ST 0.543 / 0.519 / 0.526 at epsilon 1.5 / 4 /
-        9 to 0.522 / 0.504 / 0.505 (57 of 60 releases closer): at 10 000 a round it fitted its simulations more
-        closely than held-out ones, each seen ~100 times; 10 000 a round had taken it from 0.60-0.62 at 1000
-        ("Why the narrow end fell short, and the amortized defaults")."""
+        statistics (the mechanism's input, ``input_dim`` a row) to :data:`AMORTIZED_STORED_NUMBERS` numbers,
+        never under 10 000; 10 000 where ``task.costly_simulator``. Measured over 20 prior-predictive releases
+        per epsilon (docs/RESULTS.md, "Simulations that are cheap: a million for an amortized fit"): ten times
+        the simulations of the 10 000 a round before took naive Bayes over epsilon 1-10 from mean C2ST 0.543 /
+        0.519 / 0.526 at epsilon 1.5 / 4 / 9 to 0.522 / 0.504 / 0.505 (57 of 60 releases closer): at 10 000 a
+        round it fitted its simulations more closely than held-out ones, each seen ~100 times; 10 000 a round
+        had taken it from 0.60-0.62 at 1000 ("Why the narrow end fell short, and the amortized defaults")."""
         if not amortized:
             return 1000
         if task is None:
             raise ValueError("the default sims_per_round of an amortized fit depends on its task")
         if task.costly_simulator:
             return 10_000
-        fits = AMORTIZED_STORED_NUMBERS // (int(rounds) * (task.dim_theta + task.dim_s))
+        fits = AMORTIZED_STORED_NUMBERS // (int(rounds) * (task.dim_theta + task.mechanism.input_dim))
         return min(100_000, max(10_000, fits))
 
     @staticmethod
     def default_batch_size(amortized: bool, sims_per_round: int) -> int:
         """``training.batch_size`` where the call leaves it out: 100 for a fit at ``y_obs``; for an amortized fit a
-        tenth of a round's simulations between 100 and 1000 (1000 at the amortized defaults of 10 000 and more a round).
+        tenth of a round's simulations between 100 and 1000 (1000 at the amortized defaults of 10 000 and more a
+        round).
         Measured over 20 prior-predictive releases per epsilon (docs/RESULTS.md, "Larger batches move the narrow
         end"): on regression over epsilon 0.1-10 batch 1000 took epsilon 10's mean C2ST from 0.565-0.575 to
         0.541-0.552 (3 seeds) at the same fit cost, 500 gave 0.554 and 3000 no more than 1000 for twice the fit;
