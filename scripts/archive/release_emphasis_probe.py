@@ -27,16 +27,20 @@ from dpsbi.inference.training import Loss  # noqa: E402
 from dpsbi.mechanisms.epsilon import log_uniform  # noqa: E402
 
 RELEASES = 200_000
+WHITENINGS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # by (id(task), low, high)
 
 
 def whitening(task, low: float, high: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean ``(k,)`` and Cholesky factor ``(k, k)`` of ``RELEASES`` prior-predictive releases of ``task`` at
-    log-uniform epsilon in ``[low, high]`` (fixed seed)."""
-    generator = torch.Generator().manual_seed(4321)
-    s = task.simulate(task.prior.sample((RELEASES,)), generator)
-    epsilon = log_uniform(low, high, RELEASES, generator)
-    y = inner_releases(s, task.mechanism, 1, False, generator, epsilon=epsilon)[:, 0].double()
-    return y.mean(0), torch.linalg.cholesky(torch.cov(y.T))
+    log-uniform epsilon in ``[low, high]`` (fixed seed), computed once per task and range (every round asks)."""
+    key = (id(task), low, high)
+    if key not in WHITENINGS:
+        generator = torch.Generator().manual_seed(4321)
+        s = task.simulate(task.prior.sample((RELEASES,)), generator)
+        epsilon = log_uniform(low, high, RELEASES, generator)
+        y = inner_releases(s, task.mechanism, 1, False, generator, epsilon=epsilon)[:, 0].double()
+        WHITENINGS[key] = y.mean(0), torch.linalg.cholesky(torch.cov(y.T))
+    return WHITENINGS[key]
 
 
 def patch(beta: float, cap: float) -> None:
