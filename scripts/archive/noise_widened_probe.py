@@ -21,6 +21,7 @@ docs/RESULTS.md, "Every level in three seeds, and what naive Bayes' release 8 is
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for amortized_check
@@ -35,7 +36,7 @@ from dpsbi.inference.training import Loss  # noqa: E402
 from dpsbi.mechanisms.epsilon import at_epsilons, log_uniform  # noqa: E402
 
 CLASSIFIER_RELEASES = 200_000
-RATIOS: dict[tuple, nn.Module] = {}  # by (id(task), low, high)
+RATIOS: dict[tuple, Callable[[torch.Tensor], torch.Tensor]] = {}  # by (id(task), low, high)
 
 
 def widened(eps: torch.Tensor, pick: torch.Tensor, share: float) -> torch.Tensor:
@@ -58,8 +59,8 @@ def releases(task, n: int, low: float, high: float, wide: float, generator) -> t
     return with_log_epsilon(y, eps.flatten())
 
 
-def log_ratio(task, low: float, high: float) -> nn.Module:
-    """A net ``(n, k + 1) -> (n,)`` estimating ``log r(y, eps) / eta(y, eps)`` (a logistic classifier of releases
+def log_ratio(task, low: float, high: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function ``(n, k + 1) -> (n,)`` estimating ``log r(y, eps) / eta(y, eps)`` (a logistic classifier of releases
     drawn from ``r`` against releases drawn from ``eta``, equal counts), fitted once per task and range."""
     key = (id(task), low, high)
     if key not in RATIOS:

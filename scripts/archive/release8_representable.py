@@ -46,6 +46,15 @@ def structure(posterior, y: torch.Tensor) -> dict:
     }
 
 
+def scores(draws: torch.Tensor, exact: torch.Tensor) -> dict:
+    """C2ST of ``draws`` against ``exact``, and each parameter's sd ratio and mean shift (in exact sds)."""
+    return {
+        "c2st": round(c2st(draws, exact), 4),
+        "sd_ratio": [round(v, 3) for v in spread_ratios(draws, exact)["sd_ratio"]],
+        "shift": [round(v, 3) for v in mean_shift(draws, exact)],
+    }
+
+
 def quantiles(draws: torch.Tensor) -> list[list[float]]:
     """Each parameter's ``QUANTILES`` ``(d, 5)``."""
     q = torch.tensor(QUANTILES, dtype=draws.dtype)
@@ -81,13 +90,7 @@ def main(out: Path, saved: str | None) -> None:
     if saved:
         amortized = dpsbi.load_posterior(saved, task=load({"name": "naive_bayes"}, 10**0.5))
         draws = amortized.sample((DRAWS,), y=y[RELEASE], epsilon=EPSILON, seed=RELEASE)
-        row["amortized"] = {
-            "file": saved,
-            "c2st": round(c2st(draws, exact), 4),
-            "sd_ratio": [round(v, 3) for v in spread_ratios(draws, exact)["sd_ratio"]],
-            "shift": [round(v, 3) for v in mean_shift(draws, exact)],
-            "quantiles": quantiles(draws),
-        }
+        row["amortized"] = {"file": saved, **scores(draws, exact), "quantiles": quantiles(draws)}
     began = time.process_time()
     flow, context = fitted(task, posterior)
     with torch.no_grad():
@@ -96,9 +99,7 @@ def main(out: Path, saved: str | None) -> None:
         "draws": TRAIN,
         "steps": STEPS,
         "cpu_s": round(time.process_time() - began),
-        "c2st": round(c2st(draws, exact), 4),
-        "sd_ratio": [round(v, 3) for v in spread_ratios(draws, exact)["sd_ratio"]],
-        "shift": [round(v, 3) for v in mean_shift(draws, exact)],
+        **scores(draws, exact),
     }
     with out.open("a") as file:
         print(json.dumps(row), file=file)

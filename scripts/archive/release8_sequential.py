@@ -1,4 +1,4 @@
-"""Can the default flow represent naive Bayes' posterior at its hardest amortized release? A sequential
+"""Does a fit that sees nothing else do better at naive Bayes' hardest amortized release? A sequential
 ``SPPE(task)`` fit at the defaults, at release 8 of ``scripts/amortized_check.py``'s 20 prior-predictive releases at
 epsilon 1.5 (seed 100; one noise draw 8.4 scales out), scored after every round against 2000 exact draws: C2ST, the
 sd ratio and the mean shift per parameter. One JSON line a round to the file given. docs/RESULTS.md, "Three seeds
