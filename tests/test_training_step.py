@@ -83,6 +83,19 @@ def test_the_epsilon_conditioned_step_traces_whole(step_traces_whole):
     step_traces_whole(_fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0)), 0)
 
 
+@pytest.mark.xfail(
+    torch.__version__ < "2.13",
+    strict=True,
+    reason="torch 2.11's compiler cannot enumerate an object's attributes (batched_copy's vars(mechanism))",
+)
+def test_the_widened_step_traces_whole(step_traces_whole):
+    widening = dict(classifier_steps=10)
+    step_traces_whole(
+        _fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0), widening=widening), 0
+    )
+    step_traces_whole(_fitted("SPPE", "conjugate_gaussian", amortized=True, widening=widening), 0)
+
+
 def test_the_sync_free_flow_traces_whole_in_sampling():
     estimator = _fitted("SPPE", "regression")
     flow, noise = estimator.flow, torch.randn(5, 3)

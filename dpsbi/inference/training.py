@@ -356,7 +356,7 @@ def _fused(device: torch.device, captured: bool = False) -> dict:
 
 
 @contextlib.contextmanager
-def _threads(settings: TrainingSettings, device: torch.device):
+def training_threads(settings: TrainingSettings, device: torch.device):
     """torch's CPU threads set to ``settings.threads`` for a fit on the CPU, restored after."""
     if device.type != "cpu" or settings.threads is None:
         yield
@@ -414,7 +414,7 @@ def fit_flow(
     epochs = None if steps is None else steps // per_epoch
     state = _Round(flow, loss, settings, seed, steps)
     best_loss, best_state, waited, epoch, train_loss = math.inf, None, 0, 0, math.nan
-    with _threads(settings, device), _deterministic(device):
+    with training_threads(settings, device), _deterministic(device):
         while epochs is None or epoch < epochs:
             total, first_bad = state.train_epoch(train)
             value = state.validation_loss(val)
@@ -456,7 +456,7 @@ def step_seconds(
     (train,) = _on_device(probe, (train,), settings, device)
     rows = next(batches(torch.arange(train[0].shape[0], device=device), settings.batch_size))
     state = _Round(probe, loss, dataclasses.replace(settings, compile=False), seed, repeats + 1)
-    with _threads(settings, device):
+    with training_threads(settings, device):
         state.step(train, rows)
         _synchronize(device)
         began = time.perf_counter()
