@@ -345,9 +345,10 @@ def main() -> None:
         help="also run SBC and TARP on corrected draws, with this many proposals a pair",
     )
     args = parser.parse_args()
-    if args.pairs < 5:
+    if args.pairs < 10:
         parser.error(
-            f"--pairs must be at least 5 (sbi's SBC check cross-validates a classifier in 5 folds), got {args.pairs}"
+            f"--pairs must be at least 10 (sbi's TARP bins its coverage in pairs // 10 bins, its SBC check "
+            f"cross-validates a classifier in 5 folds), got {args.pairs}"
         )
     torch.set_num_threads(1)
     done = finished(args.out)
