@@ -376,7 +376,9 @@ def _poisson_exact(y: float, epsilon: float) -> tuple[torch.Tensor, torch.Tensor
     return mean.reshape(1).float(), sd.reshape(1).float()
 
 
-def test_poisson_counts_over_epsilon_match_the_exact_posteriors(poisson_task):
+@pytest.mark.parametrize("widening", [None, {"classifier_steps": 500}], ids=["plain", "widened"])
+def test_poisson_counts_over_epsilon_match_the_exact_posteriors(poisson_task, widening):
+    """Plain, and with widened training releases (``widening``): its weights keep the exact posterior the optimum."""
     posterior = dpsbi.SPPE(
         poisson_task,
         amortized=True,
@@ -387,6 +389,7 @@ def test_poisson_counts_over_epsilon_match_the_exact_posteriors(poisson_task):
         qmc=True,
         flow=dict(transforms=1, hidden=32),
         training=dict(max_steps=300),
+        widening=widening,
         progress=False,
     ).run()
     releases = torch.tensor([[18.0], [27.0], [33.0]])
