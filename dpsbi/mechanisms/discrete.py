@@ -185,6 +185,8 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
 _TERMS = 16
 #: Halvings of a bisection and golden-section steps of the vectorized calibrations (fixed: no host read).
 _BISECTIONS, _GOLDEN_STEPS = 64, 48
+#: Points of :func:`discrete_gaussian_quantiles`' window, ``low`` to ``low + 9`` (its ``high`` is at most ``low + 9``).
+_WINDOW = 10
 _GOLDEN = (math.sqrt(5) - 1) / 2
 
 
@@ -203,14 +205,19 @@ def _log_normalizer(sigma: Tensor) -> Tensor:
 
 def _log_tail_sum(m: Tensor, sigma: Tensor) -> Tensor:
     """``log sum_{k >= m} e^{-k^2 / (2 sigma^2)}`` for integers ``m >= 0`` (float64, broadcasting): the first
-    :data:`_TERMS` terms summed, the rest from ``M = m + _TERMS`` by Euler-Maclaurin, ``f(M) [sigma sqrt(pi/2)
-    erfcx(t / sqrt 2) + 1/2 + He_1(t) / (12 sigma) - He_3(t) / (720 sigma^3) + He_5(t) / (30240 sigma^5)]`` with
-    ``t = M / sigma``, where ``M <= 3 sigma^2`` (its relative error, about ``2 (M / (2 pi sigma^2))^8``, weighs
-    on a rest that is at most ``e^{-16 M / sigma^2}`` of the sum: below 1e-12 together); beyond, the terms fall
-    by more than ``e^-3`` a step and the rest, below ``e^-48`` of the first terms, is left out."""
+    :data:`_TERMS` terms summed, the rest from ``m + _TERMS`` by :func:`_log_tail_rest`."""
     k = m[..., None] + torch.arange(_TERMS, dtype=m.dtype, device=m.device)
     head = torch.logsumexp(-(k**2) / (2 * sigma[..., None] ** 2), -1)
-    start = m + _TERMS
+    return torch.logaddexp(head, _log_tail_rest(m + _TERMS, sigma))
+
+
+def _log_tail_rest(start: Tensor, sigma: Tensor) -> Tensor:
+    """``log sum_{k >= M} e^{-k^2 / (2 sigma^2)}`` for ``M = start`` at least :data:`_TERMS` terms past the tail's
+    first (float64, broadcasting), by Euler-Maclaurin: ``f(M) [sigma sqrt(pi/2) erfcx(t / sqrt 2) + 1/2 + He_1(t)
+    / (12 sigma) - He_3(t) / (720 sigma^3) + He_5(t) / (30240 sigma^5)]`` with ``t = M / sigma``, where ``M <= 3
+    sigma^2`` (its relative error, about ``2 (M / (2 pi sigma^2))^8``, weighs on a rest that is at most ``e^{-16
+    M / sigma^2}`` of the tail: below 1e-12 together); beyond, the terms fall by more than ``e^-3`` a step and
+    the rest, below ``e^-48`` of the first terms, is left out (``-inf``)."""
     t = start / sigma
     he1, he3, he5 = t, t**3 - 3 * t, t**5 - 10 * t**3 + 15 * t
     rest = (
@@ -221,8 +228,7 @@ def _log_tail_sum(m: Tensor, sigma: Tensor) -> Tensor:
         + he5 / (30240 * sigma**5)
     )
     near = start <= 3 * sigma**2
-    log_rest = torch.where(near, -(t**2) / 2 + torch.log(torch.where(near, rest, 1.0)), -math.inf)
-    return torch.logaddexp(head, log_rest)
+    return torch.where(near, -(t**2) / 2 + torch.log(torch.where(near, rest, 1.0)), -math.inf)
 
 
 def _log_sf(m: Tensor, sigma: Tensor, log_z: Tensor) -> Tensor:
@@ -319,17 +325,26 @@ def zcdp_rhos(epsilon: Tensor, delta: float) -> Tensor:
 
 def discrete_gaussian_quantiles(w: Tensor, sigma: Tensor) -> Tensor:
     """The largest ``m >= 0`` with ``P(Y >= m) >= w``, ``Y ~ N_Z(0, sigma^2)``, capped at ``10 sigma + 2`` as the
-    scalar noise table is (float64 integers; ``w`` in (0, 1/2], ``sigma`` broadcasting): bisection in a window of
-    the continuous Gaussian's quantile ``1/2 - sigma ndtri(w)``, which holds it."""
+    scalar noise table is (float64 integers; ``w`` in (0, 1/2], ``sigma`` broadcasting), searched in a window of
+    the continuous Gaussian's quantile ``1/2 - sigma ndtri(w)``, ``low = guess - 4`` (at least 0) to ``high =
+    guess + 5``, which holds it: ``P(Y >= low) >= w > P(Y >= high)``. The tails at ``low + 9 .. low`` are one
+    cumulative sum of the ``_WINDOW + _TERMS`` terms from ``low + 25`` down to ``low`` (smallest first: no
+    cancellation) plus the Euler-Maclaurin rest beyond (:func:`_log_tail_rest`); the answer is the count of window points whose tail
+    is at least ``w``, less one (clamped to the window)."""
     w, sigma = w.double(), sigma.double()
-    log_z, log_w = _log_normalizer(sigma), torch.log(w)
     guess = torch.floor(0.5 - sigma * torch.special.ndtri(w))
-    low, high = (guess - 4).clamp(min=0.0), guess + 5  # P(Y >= low) >= w > P(Y >= high)
-    for _ in range(4):
-        mid = torch.floor((low + high) / 2)
-        ok = _log_sf(mid, sigma, log_z) >= log_w
-        low, high = torch.where(ok, mid, low), torch.where(ok, high, mid)
-    return torch.minimum(low, torch.ceil(10 * sigma) + 2)
+    low, high = (guess - 4).clamp(min=0.0), guess + 5
+    size = _WINDOW + _TERMS
+    k = low[..., None] + torch.arange(size - 1, -1, -1, dtype=low.dtype, device=low.device)  # descending
+    first = -low.square() / (2 * sigma.square())  # the largest term, at k = low
+    rest = _log_tail_rest(low + size, sigma)
+    shift = torch.maximum(first, rest)[..., None]
+    terms = k.square_().mul_(-0.5 / sigma[..., None].square()).sub_(shift).exp_()
+    tails = terms.cumsum(-1)[..., -_WINDOW:] + torch.exp(rest[..., None] - shift)  # at low + 9 .. low
+    bound = (_log_normalizer(sigma) + torch.log(w))[..., None] - shift  # log P(Y >= k) >= log w, shifted
+    count = (torch.log(tails) >= bound).sum(-1)
+    m = torch.minimum(torch.maximum(low + count - 1, low), high - 1)
+    return torch.minimum(m, torch.ceil(10 * sigma) + 2)
 
 
 # ---- the mechanisms ---------------------------------------------------------------------------------------------
