@@ -5,7 +5,8 @@ on each device and flow backend at three sizes, with its device-to-host synchron
 SPPE's atomic step on regression at epsilon 1 (batch ``B``, ``M = 1`` release, 10 atoms: ``10 B`` flow
 evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluations); with ``--step
 sir_amortized`` SIR's amortized step instead (the plain loss over epsilon 0.1-10, one binomial-curve release a
-row, ``B`` flow evaluations; B = 1000 is the amortized default). Eager, replayed as a CUDA
+row, ``B`` flow evaluations; B = 1000 is the amortized default); with ``--step census_amortized`` the census
+table's (46 cells, discrete Gaussian noise over rho 0.15-0.7, one release a row). Eager, replayed as a CUDA
 graph (``cuda_graph``, what a fit on CUDA runs by default), and compiled (``torch.compile``, CUDA only by default)
 with its compile time. Each row: the median over ``--repeats`` timed
 steps after ``--warmup`` steps (CUDA synchronized around each), written to ``--json`` as it is measured. CPU
@@ -31,6 +32,7 @@ SIZES = (100, 1000, 10000)
 STEPS = {
     "regression": ("regression", 1.0, {}),
     "sir_amortized": ("sir", 1.0, {"amortized": True, "epsilon_range": (0.1, 10.0)}),
+    "census_amortized": ("census_table", 4.6574, {"amortized": True, "epsilon_range": (2.8818, 10.0343)}),
 }
 
 
