@@ -72,9 +72,19 @@ class EpsilonStandardize(nn.Module):
 
 def _quadratic_fit(x: Tensor, values: Tensor, count: Tensor) -> Tensor:
     """``values (bins, k)`` at ``x (bins,)`` replaced by their least-squares quadratic in ``x``, each bin weighted
-    by ``count (bins, 1)`` (a bin with no examples by none)."""
-    t = (x - x.mean()) / x.std().clamp_min(1e-6)
-    basis = torch.stack([torch.ones_like(t), t, t * t], -1)  # (bins, 3)
-    root = count.to(values).sqrt()
-    coefficients = torch.linalg.lstsq(basis * root, values * root).solution  # (3, k)
-    return basis @ coefficients
+    by ``count (bins, 1)`` (a bin with no examples by none): the projection on ``1, t, t^2`` orthonormalized under
+    those weights (Gram-Schmidt in float64; a column the weighted bins cannot tell from the ones before adds
+    nothing). Elementwise sums only: LAPACK's least squares (``torch.linalg.lstsq`` through MKL) varies in its last
+    bits with memory alignment, which made two fits of one seed in one process differ."""
+    t = ((x - x.mean()) / x.std().clamp_min(1e-6)).double().unsqueeze(-1)  # (bins, 1)
+    weight, target = count.double(), values.double()
+    fit, basis = torch.zeros_like(target), []
+    for column in (torch.ones_like(t), t, t * t):
+        q = column
+        for p in basis:
+            q = q - p * (weight * p * q).sum(0)
+        norm = (weight * q * q).sum(0)
+        q = torch.where(norm > 1e-12 * (weight * column * column).sum(0), q / norm.sqrt(), 0.0)
+        basis.append(q)
+        fit = fit + q * (weight * q * target).sum(0)
+    return fit.to(values.dtype)
