@@ -74,8 +74,8 @@ def _quadratic_fit(x: Tensor, values: Tensor, count: Tensor) -> Tensor:
     """``values (bins, k)`` at ``x (bins,)`` replaced by their least-squares quadratic in ``x``, each bin weighted
     by ``count (bins, 1)`` (a bin with no examples by none): the projection on ``1, t, t^2`` orthonormalized under
     those weights (Gram-Schmidt in float64; a column the weighted bins cannot tell from the ones before adds
-    nothing). Elementwise sums only: LAPACK's least squares (``torch.linalg.lstsq`` through MKL) varies in its last
-    bits with memory alignment, which made two fits of one seed in one process differ."""
+    nothing). Elementwise sums only: LAPACK's least squares (``torch.linalg.lstsq`` through MKL) varied in its last
+    bits between calls with the same input, which made two fits of one seed in one process differ."""
     t = ((x - x.mean()) / x.std().clamp_min(1e-6)).double().unsqueeze(-1)  # (bins, 1)
     weight, target = count.double(), values.double()
     fit, basis = torch.zeros_like(target), []
