@@ -329,17 +329,17 @@ def discrete_gaussian_quantiles(w: Tensor, sigma: Tensor) -> Tensor:
     the continuous Gaussian's quantile ``1/2 - sigma ndtri(w)``, ``low = guess - 4`` (at least 0) to ``high =
     guess + 5``, which holds it: ``P(Y >= low) >= w > P(Y >= high)``. The tails at ``low + 9 .. low`` are one
     cumulative sum of the ``_WINDOW + _TERMS`` terms from ``low + 25`` down to ``low`` (smallest first: no
-    cancellation) plus the Euler-Maclaurin rest beyond (:func:`_log_tail_rest`); the answer is the count of window points whose tail
-    is at least ``w``, less one (clamped to the window)."""
+    cancellation) plus the Euler-Maclaurin rest beyond (:func:`_log_tail_rest`); the answer is the count of window
+    points whose tail is at least ``w``, less one (clamped to the window)."""
     w, sigma = w.double(), sigma.double()
     guess = torch.floor(0.5 - sigma * torch.special.ndtri(w))
     low, high = (guess - 4).clamp(min=0.0), guess + 5
     size = _WINDOW + _TERMS
     k = low[..., None] + torch.arange(size - 1, -1, -1, dtype=low.dtype, device=low.device)  # descending
-    first = -low.square() / (2 * sigma.square())  # the largest term, at k = low
+    log_terms = k.square_().mul_(-0.5 / sigma[..., None].square())
     rest = _log_tail_rest(low + size, sigma)
-    shift = torch.maximum(first, rest)[..., None]
-    terms = k.square_().mul_(-0.5 / sigma[..., None].square()).sub_(shift).exp_()
+    shift = torch.maximum(log_terms[..., -1], rest)[..., None]  # the largest term is the last, at k = low
+    terms = log_terms.sub_(shift).exp_()
     tails = terms.cumsum(-1)[..., -_WINDOW:] + torch.exp(rest[..., None] - shift)  # at low + 9 .. low
     bound = (_log_normalizer(sigma) + torch.log(w))[..., None] - shift  # log P(Y >= k) >= log w, shifted
     count = (torch.log(tails) >= bound).sum(-1)
