@@ -69,6 +69,22 @@ def test_widening_is_refused_in_one_line_where_it_does_not_apply():
         dpsbi.SPPE(regression, amortized=True, widening=dict(scale=3.0))
 
 
+def test_amortized_fits_widen_by_default_where_the_task_says_its_missed_releases_are_far_noise_draws():
+    """Naive Bayes (``amortized_widening``) widens at the defaults; ``widening=False`` turns it off, ``True`` or a
+    dict on; a fit at ``y_obs``, regression and a task whose mechanism cannot be widened do not by default."""
+    naive_bayes = load("naive_bayes")
+    assert naive_bayes.amortized_widening and not load("regression").amortized_widening
+    assert dpsbi.SPPE(naive_bayes, amortized=True).widening == Widening()
+    assert dpsbi.SPPE(naive_bayes, amortized=True, widening=False).widening is None
+    assert dpsbi.SPPE(naive_bayes, amortized=True, widening={"share": 0.1}).widening == Widening(share=0.1)
+    assert dpsbi.SPPE(naive_bayes).widening is None
+    assert dpsbi.SPPE(load("regression"), amortized=True).widening is None
+    assert dpsbi.SPPE(load("regression"), amortized=True, widening=True).widening == Widening()
+    census = load("census_table")
+    census.amortized_widening = True  # a lattice mechanism: the default stays off rather than refusing the fit
+    assert dpsbi.SPPE(census, amortized=True).widening is None
+
+
 def test_a_resumed_widened_fit_refits_the_same_classifier_and_ends_where_an_uninterrupted_one_does(tmp_path):
     task = load("poisson_counts", epsilon=0.2)
     options = dict(

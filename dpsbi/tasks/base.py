@@ -67,6 +67,10 @@ class Task:
     #: 15 CPU ms): defaults that would draw a million simulations (an amortized
     #: SPPE fit, :meth:`~dpsbi.inference.sppe.SPPE.default_sims_per_round`) draw a tenth of them.
     costly_simulator: bool = False
+    #: True where the releases an amortized fit misses are made by one far noise draw rather than by parameters in
+    #: the prior's tails (naive Bayes: a cell 8-11 Laplace scales out): an amortized SPPE fit then widens its
+    #: training noise by default (:meth:`~dpsbi.inference.sppe.SPPE.default_widening`).
+    amortized_widening: bool = False
 
     def __post_init__(self) -> None:
         if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:
