@@ -161,7 +161,7 @@ class SPPE(SequentialEstimator):
     def default_widening(amortized: bool, task: Task) -> bool:
         """``widening`` where the call leaves it out: on (:class:`~dpsbi.inference.widening.Widening`'s defaults)
         for an amortized fit of a task whose missed releases are far noise draws (``task.amortized_widening``:
-        naive Bayes, where the one release of 180 that missed, 0.714-0.722 in three seeds, scores 0.565-0.574
+        naive Bayes, whose one missed release of 60, C2ST 0.714-0.722 plain in three seeds, scores 0.565-0.574
         widened), if its mechanism allows it; off elsewhere: on regression over epsilon 0.1-10, whose worst
         releases lie in the prior's tails, widening moved epsilon 10's mean C2ST from 0.522 to 0.552 (docs/RESULTS.md,
         "Widened noise at the default")."""
