@@ -32,7 +32,9 @@ def main() -> None:
             result = corrected(posterior, 20000, y=y[k : k + 1], epsilon=epsilon, seed=k, progress=False)
             if not covariance_supported(result.ess, task.dim_unconstrained):
                 continue
-            exact = smoothed_resample(task, result.samples, result.weights, 2000, torch.Generator().manual_seed(k))[0]
+            exact = smoothed_resample(
+                task, result.samples, result.weights, 2000, torch.Generator().manual_seed(k)
+            )[0]
             row = {
                 "epsilon": epsilon,
                 "release": k,
