@@ -286,6 +286,8 @@ def main() -> None:
     p.add_argument("--tasks", nargs="+", default=["regression", "sir"])
     p.add_argument("--figure", type=Path)
     args = parser.parse_args()
+    if args.command == "run" and not 0 < args.range[0] <= min(STORED) <= max(STORED) <= args.range[1]:
+        parser.error(f"--range must hold the stored releases' epsilons {STORED}, got {args.range}")
     run(args) if args.command == "run" else report(args)
 
 

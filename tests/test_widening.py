@@ -81,9 +81,8 @@ def test_amortized_fits_widen_by_default_where_the_task_says_its_missed_releases
     assert dpsbi.SPPE(load("regression"), amortized=True).widening is None
     assert dpsbi.SPPE(load("regression"), amortized=True, widening=True).widening == Widening()
     census = load("census_table")
-    census.amortized_widening = (
-        True  # a lattice mechanism: the default stays off rather than refusing the fit
-    )
+    # a lattice mechanism: the default stays off rather than refusing the fit
+    census.amortized_widening = True
     assert dpsbi.SPPE(census, amortized=True).widening is None
 
 

@@ -3,8 +3,8 @@ as scripts/privacy_utility.py's curve) at one epsilon, the flow's draws against 
 importance sampling with the fitted task's own simulator (``dpsbi.baselines.corrected``, resampled without repeats),
 per release: C2ST and each parameter's sd ratio (flow / corrected). With a posterior trained on the tau-leaping
 simulator the correction is the tau-leaping model's posterior (12 CPU s a release at 20 000 proposals), which
-matches the exact references at SIR's stored releases (docs/RESULTS.md, "SIR's flow alone and a million
-tau-leaping simulations").
+matches the exact references at SIR's stored releases (docs/RESULTS.md, "SIR's flow alone: a context-shifted
+flow, a million tau-leaping simulations, and where it misses").
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/archive/sir_flow_vs_corrected.py POSTERIOR EPSILON RELEASES OUT
 """
