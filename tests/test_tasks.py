@@ -81,9 +81,11 @@ def test_real_outbreaks_are_flagged_as_not_mechanism_releases():
         load("sir_influenza", epsilon=1.0)
 
 
-def test_sir_tasks_say_their_simulator_is_costly():
-    """So that an amortized SPPE fit draws 10 000 a round by default, not 100 000 (15 CPU ms a simulation)."""
+def test_sir_tasks_say_their_exact_simulator_is_costly():
+    """So that an amortized SPPE fit draws 10 000 a round by default with the exact simulator (8-15 CPU ms a
+    simulation), and 100 000 with tau-leaping."""
     assert load("sir").costly_simulator and load("sir_influenza").costly_simulator
+    assert not load("sir", simulator="tau_leap").costly_simulator  # 0.14 CPU ms a simulation
     assert not load("naive_bayes").costly_simulator and not load("regression").costly_simulator
 
 
