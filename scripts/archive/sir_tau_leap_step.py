@@ -8,6 +8,8 @@ and C2ST of 2000 draws resampled without repeats (``smoothed_resample``). ``SCHE
 ``exposure`` (the library's ``tau_leap_sir``) or ``start`` (the step's exposures from its start, the library's
 scheme before the twenty-fourth session, kept here to compare). One JSON line a cell, appended to ``OUT`` as
 it goes: ``python scripts/archive/sir_tau_leap_step.py OUT DRAWS 10:exact 10:start:0.1 10:exposure:0.1 ...``.
+A cell ``trajectories:SCHEME:DT`` compares ``I(t) / K`` itself instead: DRAWS epidemics at the true parameter in a
+population of 10 000, the mean's shift and the sd's ratio per observation time against the exact simulator's.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from torch.distributions import MultivariateNormal
 import dpsbi
 from dpsbi.baselines import abc_is, smoothed_resample
 from dpsbi.experiment.reference import reference_posterior
-from dpsbi.simulators import tau_leap_sir
-from dpsbi.tasks.sir import TIMES
+from dpsbi.simulators import gillespie_sir, tau_leap_sir
+from dpsbi.tasks.sir import TIMES, TRUE_THETA
 
 
 def tau_leap_from_start(theta, population, initial_infected, times, dt, generator=None):
@@ -77,12 +79,34 @@ def cell(epsilon: float, scheme: str, dt: float, draws: int) -> dict:
     }
 
 
+def trajectories(scheme: str, dt: float, n: int, population: int = 10_000) -> dict:
+    """One row: ``scheme``'s ``I(t) / K`` (t > 0) over ``n`` epidemics at the true parameter against the exact
+    simulator's, the mean's shift in sds and the sd's ratio at each observation time."""
+    theta = torch.tensor([TRUE_THETA]).double().expand(n, -1)
+    exact = torch.from_numpy(gillespie_sir(theta.numpy(), population=population, seed=21))[:, 1:] / population
+    fn = {"exposure": tau_leap_sir, "start": tau_leap_from_start}[scheme]
+    tau = fn(theta, population, 1, TIMES, dt, generator=torch.Generator().manual_seed(21))[:, 1:] / population
+    sd = ((exact.var(0) + tau.var(0)) / 2).sqrt()
+    return {
+        "trajectories": scheme,
+        "dt": dt,
+        "epidemics": n,
+        "population": population,
+        "shift_in_sds": [round(v, 3) for v in ((tau.mean(0) - exact.mean(0)) / sd).tolist()],
+        "sd_ratio": [round(v, 3) for v in (tau.std(0) / exact.std(0)).tolist()],
+    }
+
+
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     out, draws = argv[0], int(argv[1])
     for spec in argv[2:]:
         epsilon, scheme, *dt = spec.split(":")
-        row = cell(float(epsilon), scheme, float(dt[0]) if dt else 0.1, draws)
+        step = float(dt[0]) if dt else 0.1
+        if epsilon == "trajectories":
+            row = trajectories(scheme, step, draws)
+        else:
+            row = cell(float(epsilon), scheme, step, draws)
         print(json.dumps(row), flush=True)
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
