@@ -25,6 +25,8 @@ is left out of the default ``--tasks``, as is ``census_table`` (46 cells, discre
 likelihood (about 42 CPU seconds a release). ``sir`` (over 0.1-10) has references at its stored releases only: run
 it with ``--releases 0`` (calibration alone, no exact draws needed). One JSON line per (task, epsilon) is appended to ``--out`` as it goes, and
 one per task for the fit; a task whose fit line is in the file is skipped (a killed run resumes at its task).
+``--task-options`` change the fitted task only (SIR's tau-leaping simulator, as scripts/privacy_utility.py's do):
+the releases, calibration pairs and references it is scored at stay the task's defaults.
 With ``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed fit resumes there) and is saved
 as ``DIR/<task>.pt``; a fit found there is scored again without training (``scripts/frontier.py``'s ``amortized_fit``).
 With ``--importance N`` each release is also scored after importance sampling corrects the flow's draws
@@ -256,14 +258,16 @@ def accuracy(posterior, at, arguments: dict, k: int, args: argparse.Namespace) -
 
 def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
-    task = load(arguments, (low * high) ** 0.5)
+    task = load({**arguments, **args.task_options}, (low * high) ** 0.5)
     posterior, times = amortized_fit(task, (low, high), args, name, seed=args.seed)
     fit = {"task": name, "seed": args.seed, "rounds": args.rounds, "overrides": args.overrides, **times}
+    if args.task_options:
+        fit["task_options"] = args.task_options
     for k, epsilon in enumerate(scored):
         if args.epsilons and epsilon not in args.epsilons:
             continue
         at = load(arguments, epsilon)
-        row = {"task": name, "epsilon": epsilon, "epsilon_range": [low, high]}
+        row = {"task": name, "epsilon": epsilon, "epsilon_range": list(posterior.epsilon_range)}
         if args.releases:
             row.update(accuracy(posterior, at, arguments, k, args))
         row.update(calibration(at, posterior, args.pairs, seed=200 + k))
@@ -311,6 +315,13 @@ def main() -> None:
         type=json.loads,
         default={},
         help="reference settings over scripts/frontier.py's, as JSON (tasks without an exact posterior)",
+    )
+    parser.add_argument(
+        "--task-options",
+        type=json.loads,
+        default={},
+        help='options of the fitted task as JSON (SIR\'s tau-leaping simulator: \'{"simulator": "tau_leap"}\'); '
+        "the releases, calibration pairs and references scored stay the task's defaults",
     )
     parser.add_argument(
         "--epsilons", type=float, nargs="+", help="score at these of each task's epsilons only (default: all)"

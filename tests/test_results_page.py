@@ -95,7 +95,7 @@ TINY = {
     ),
     "scripts/amortized_check.py": Tiny(
         f"--tasks conjugate_gaussian --epsilons 0.7 --seed 0 --releases 1 --pairs 10 --draws 200 --overrides {FIT} "
-        "--importance 2000 --importance-calibration 200 --out amortized_check.jsonl",
+        "--importance 2000 --importance-calibration 200 --task-options {} --out amortized_check.jsonl",
         output="amortized_check.jsonl",
     ),
     "scripts/amortized_diagnosis.py run": Tiny(
