@@ -38,8 +38,8 @@ def tau_leap_from_start(theta, population, initial_infected, times, dt, generato
     out, start = torch.empty(theta.shape[0], len(times), dtype=theta.dtype), 0.0
     for k, stop in enumerate(times):
         steps = math.ceil((stop - start) / dt)
+        h = (stop - start) / max(steps, 1)
         for _ in range(steps):
-            h = (stop - start) / steps
             infections = torch.binomial(s, -torch.expm1(-beta * i * h / population), generator=generator)
             recoveries = torch.binomial(i, -torch.expm1(-gamma * h).expand_as(i), generator=generator)
             s, i = s - infections, i + infections - recoveries
@@ -47,12 +47,16 @@ def tau_leap_from_start(theta, population, initial_infected, times, dt, generato
     return out
 
 
+#: The tau-leaping schemes compared: the library's and the one it replaced.
+SCHEMES = {"exposure": tau_leap_sir, "start": tau_leap_from_start}
+
+
 def cell(epsilon: float, scheme: str, dt: float, draws: int) -> dict:
     """One row: ``scheme``'s importance posterior at the stored release at ``epsilon`` against the reference."""
     task = dpsbi.tasks.load("sir", epsilon=epsilon)
     reference = reference_posterior(task, {"name": "sir", "epsilon": epsilon}, "stored", 2000).samples
     if scheme != "exact":
-        fn = {"exposure": tau_leap_sir, "start": tau_leap_from_start}[scheme]
+        fn = SCHEMES[scheme]
         simulate = partial(fn, population=1_000_000, initial_infected=1, times=TIMES, dt=dt)
         task = dataclasses.replace(
             task, simulator=lambda theta, generator=None: simulate(theta, generator=generator)
@@ -84,7 +88,7 @@ def trajectories(scheme: str, dt: float, n: int, population: int = 10_000) -> di
     simulator's, the mean's shift in sds and the sd's ratio at each observation time."""
     theta = torch.tensor([TRUE_THETA]).double().expand(n, -1)
     exact = torch.from_numpy(gillespie_sir(theta.numpy(), population=population, seed=21))[:, 1:] / population
-    fn = {"exposure": tau_leap_sir, "start": tau_leap_from_start}[scheme]
+    fn = SCHEMES[scheme]
     tau = fn(theta, population, 1, TIMES, dt, generator=torch.Generator().manual_seed(21))[:, 1:] / population
     sd = ((exact.var(0) + tau.var(0)) / 2).sqrt()
     return {
