@@ -18,6 +18,7 @@ import torch
 
 from ..files import load_sealed, save_sealed
 from ..tasks.identity import differences
+from .flows import FlowSettings
 
 FORMAT = "dpsbi-checkpoint"
 #: 3: rounds numbered from 1 in ``history`` and ``data["round"]`` (version 2 numbered them from 0).
@@ -58,7 +59,8 @@ def read(file: Path, device: torch.device) -> dict:
     if payload.get("format") != FORMAT or payload.get("version") != VERSION:
         raise ValueError(f"{file} is not a dpsbi checkpoint of version {VERSION}")
     fingerprint = json.loads(payload["fingerprint"])
-    fingerprint["flow"].setdefault("backend", "nflows")  # checkpoints written before the backend existed
+    # settings a checkpoint written before they existed lacks: what it did then
+    fingerprint["flow"] = {**FlowSettings.before, **fingerprint["flow"]}
     return {
         **payload,
         "fingerprint": fingerprint,

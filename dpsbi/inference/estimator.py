@@ -712,13 +712,23 @@ class SequentialEstimator(abc.ABC):
                 self.space.to_z(self.data["theta"]), self.data["s"], generator, self.data.get("epsilon")
             )
             bounds = self._release_bounds()
-            return ConditionalFlow(self.flow_settings, inputs, context, self._epsilon_context, bounds)
+            return ConditionalFlow(
+                self.flow_settings, inputs, context, self._epsilon_context, bounds, self._stabilizing_maps()
+            )
 
     def _release_bounds(self) -> Tensor | None:
         """``(2, dim_s)``: what a posterior flow clamps releases to (FlowSettings ``clamp_release``,
         :meth:`~dpsbi.tasks.Task.release_bounds`), or ``None``."""
         clamps = self.release_is_context and self.flow_settings.clamp_release
         return self.task.release_bounds() if clamps else None
+
+    def _stabilizing_maps(self) -> tuple[str | None, ...]:
+        """The release coordinates' variance-stabilizing maps that a posterior flow conditioned on ``log epsilon``
+        applies (FlowSettings ``stabilize_release``, :attr:`~dpsbi.mechanisms.Mechanism.stabilizing_maps`);
+        ``()`` for other flows or where the mechanism names none."""
+        maps = self.task.mechanism.stabilizing_maps
+        applies = self._epsilon_context and self.flow_settings.stabilize_release and any(maps)
+        return tuple(maps) if applies else ()
 
     @property
     def _epsilon_context(self) -> bool:
@@ -801,7 +811,9 @@ class SequentialEstimator(abc.ABC):
                 "use another checkpoint_dir",
             )
         self.data, self.history = payload["data"], history
-        self.flow = ConditionalFlow.blank(self.flow_settings, *payload["flow_shape"], self._epsilon_context)
+        self.flow = ConditionalFlow.blank(
+            self.flow_settings, *payload["flow_shape"], self._epsilon_context, self._stabilizing_maps()
+        )
         self.flow.load_state_dict(payload["flow"])
         # where a finished round leaves it, so that the next round's proposal samples as in an uninterrupted run
         self.flow.to(training_device(self.training))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -14,6 +15,7 @@ from nflows.transforms import PointwiseAffineTransform
 from sbi.utils.sbiutils import Standardize, standardizing_net, z_standardization
 from torch import Tensor, nn
 
+from ..mechanisms.stabilizing import Stabilizer
 from .epsilon_scaling import EpsilonStandardize
 from .settings import Settings
 from .spline_flow import SplineFlow
@@ -78,9 +80,22 @@ class FlowSettings(Settings):
 
     ``clamp_release``: a posterior flow clamps each release coordinate to the task's
     :meth:`~dpsbi.tasks.Task.release_bounds` before anything else (where the mechanism's noise makes that lossless:
-    the exact posterior is the same), in training and in inference; files written before it existed did not."""
+    the exact posterior is the same), in training and in inference; files written before it existed did not.
+
+    ``stabilize_release``, for a posterior flow conditioned on ``log epsilon``: each release coordinate whose
+    mechanism names a variance-stabilizing map (:attr:`~dpsbi.mechanisms.Mechanism.stabilizing_map`: the binomial
+    curve's arcsine) goes through it after clamping, before z-scoring; one-to-one, so the exact posterior is the
+    same. Measured in docs/RESULTS.md ("SIR's flow on the arcsine of its release"); files written before it
+    existed did not. Other flows, and mechanisms that name no map, are unchanged whatever it says."""
 
     label: ClassVar[str] = "flow"
+    #: What files and checkpoints written before a setting existed did: :meth:`recorded` fills it in.
+    before: ClassVar[dict] = {
+        "backend": "nflows",
+        "release_scaling": "global",
+        "clamp_release": False,
+        "stabilize_release": False,
+    }
     transforms: int = 8
     hidden: int = 50
     blocks: int = 2
@@ -90,6 +105,7 @@ class FlowSettings(Settings):
     backend: str = "dpsbi"
     release_scaling: str = "per_epsilon"
     clamp_release: bool = True
+    stabilize_release: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -120,10 +136,9 @@ class FlowSettings(Settings):
     @classmethod
     def recorded(cls, record: dict) -> FlowSettings:
         """The settings a file or checkpoint recorded; those written before ``backend`` existed used nflows,
-        before ``release_scaling`` existed global z-scoring, before ``clamp_release`` no clamping."""
-        return cls.coerce(
-            {"backend": "nflows", "release_scaling": "global", "clamp_release": False, **record}
-        )
+        before ``release_scaling`` existed global z-scoring, before ``clamp_release`` no clamping, before
+        ``stabilize_release`` no stabilizing map."""
+        return cls.coerce({**cls.before, **record})
 
     def to_dict(self) -> dict:
         """The settings as JSON values (an embedding module as its description, :func:`describe_embedding`)."""
@@ -149,7 +164,10 @@ class ConditionalFlow(nn.Module):
     column, z-scored as ``config.release_scaling`` says. ``release_bounds (2, k)``: with ``config.clamp_release``,
     the first ``k`` columns of the context (the release) are clamped to them first (buffers ``clamp_low``,
     ``clamp_high`` of ``context_dim``, unbounded where nothing is clamped; present whenever ``clamp_release`` is). The statistics are buffers: they are part of the
-    ``state_dict`` and come back with it. ``config.backend`` picks the layers: ``"dpsbi"`` (:class:`~dpsbi.inference.spline_flow.SplineFlow`,
+    ``state_dict`` and come back with it. ``stabilizing_maps``: the first ``len`` columns of the context go through
+    these maps of :data:`~dpsbi.mechanisms.stabilizing.STABILIZING_MAPS` (``None``: unchanged) after clamping and
+    before z-scoring (:class:`~dpsbi.mechanisms.stabilizing.Stabilizer`; names, not weights: files record them
+    beside the shape). ``config.backend`` picks the layers: ``"dpsbi"`` (:class:`~dpsbi.inference.spline_flow.SplineFlow`,
     no host synchronization) or ``"nflows"`` (sbi's ``build_nsf``, the flows of files written before).
     """
 
@@ -160,6 +178,7 @@ class ConditionalFlow(nn.Module):
         context: Tensor,
         epsilon_context: bool = False,
         release_bounds: Tensor | None = None,
+        stabilizing_maps: Sequence[str | None] = (),
     ) -> None:
         super().__init__()
         if inputs.ndim != 2 or context.ndim != 2 or len(inputs) != len(context) or len(inputs) < 2:
@@ -171,7 +190,9 @@ class ConditionalFlow(nn.Module):
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
         if config.clamp_release:
             self._register_clamp(release_bounds)
-        context = self._clamped(context)
+        self.stabilizing_maps = tuple(stabilizing_maps)
+        self.stabilizer = Stabilizer(self.stabilizing_maps, self.context_dim)
+        context = self._prepared(context)
         # built in torch's default dtype: wider examples (float64 counts) only set the z-scoring constants
         inputs, context = inputs.to(torch.get_default_dtype()), context.to(torch.get_default_dtype())
         try:
@@ -215,19 +236,27 @@ class ConditionalFlow(nn.Module):
         self.register_buffer("clamp_low", bounds[0].clone())
         self.register_buffer("clamp_high", bounds[1].clone())
 
-    def _clamped(self, context: Tensor) -> Tensor:
-        """``context (..., context_dim)`` clamped to the buffers (in its own dtype), where ``clamp_release``."""
-        if not self.config.clamp_release:
-            return context
-        return torch.clamp(context, self.clamp_low.to(context.dtype), self.clamp_high.to(context.dtype))
+    def _prepared(self, context: Tensor) -> Tensor:
+        """``context (..., context_dim)`` clamped to the buffers (in its own dtype) where ``clamp_release``, then
+        through its :attr:`stabilizing_maps`."""
+        if self.config.clamp_release:
+            context = torch.clamp(
+                context, self.clamp_low.to(context.dtype), self.clamp_high.to(context.dtype)
+            )
+        return self.stabilizer(context)
 
     @classmethod
     def blank(
-        cls, config: FlowSettings, dim: int, context_dim: int, epsilon_context: bool = False
+        cls,
+        config: FlowSettings,
+        dim: int,
+        context_dim: int,
+        epsilon_context: bool = False,
+        stabilizing_maps: Sequence[str | None] = (),
     ) -> ConditionalFlow:
         """A flow of the right shape whose weights and z-scoring are to come from ``load_state_dict``."""
         inputs, context = torch.eye(2, dim), torch.eye(2, context_dim)
-        return cls(config, inputs, context, epsilon_context)
+        return cls(config, inputs, context, epsilon_context, stabilizing_maps=stabilizing_maps)
 
     @property
     def context_net(self) -> nn.Module:
@@ -288,7 +317,7 @@ class ConditionalFlow(nn.Module):
     def _embed(self, context: Tensor) -> Tensor:
         """The embedded context ``(n, features)`` of ``context (n, context_dim)``: its z-scoring (the first module
         of the embedding) in the context's own precision, the rest in the flow's :attr:`dtype`."""
-        net, context = self.context_net, self._clamped(context)
+        net, context = self.context_net, self._prepared(context)
         if not isinstance(net, nn.Sequential) or len(net) == 0:
             return net(context.to(self.dtype))
         embedded = _z_scored(net[0], context, self.dtype).to(self.dtype)

@@ -455,6 +455,7 @@ class Posterior(abc.ABC):
                 "dim": self.flow.dim,
                 "context_dim": self.flow.context_dim,
                 "epsilon_context": self.flow.epsilon_context,
+                "stabilizing_maps": list(self.flow.stabilizing_maps),
             },
             "options": self.options(),
             "training_releases": None if self.training_releases is None else self.training_releases.to_dict(),
@@ -739,6 +740,7 @@ def load_posterior(
         spec["dim"],
         spec["context_dim"],
         spec.get("epsilon_context", False),  # absent from files written before release_scaling existed
+        spec.get("stabilizing_maps", ()),  # absent from files written before stabilize_release existed
     )
     try:
         flow.load_state_dict(state)

@@ -189,6 +189,18 @@ class Mechanism(abc.ABC):
         :class:`~dpsbi.mechanisms.Composition` gives each block's)."""
         return (self.clamp_lossless,) * self.dim
 
+    #: The name of a map in :data:`~dpsbi.mechanisms.stabilizing.STABILIZING_MAPS` that takes a release coordinate
+    #: one-to-one to a scale where the noise's spread is about the same at every statistic (the binomial's arcsine
+    #: of the square root), or ``None``. Posterior flows conditioned on ``log epsilon`` see a release through it,
+    #: before z-scoring (FlowSettings ``stabilize_release``); one-to-one, so the exact posterior is the same.
+    stabilizing_map: str | None = None
+
+    @property
+    def stabilizing_maps(self) -> tuple[str | None, ...]:
+        """:attr:`stabilizing_map` of each release coordinate: ``dim`` entries (a
+        :class:`~dpsbi.mechanisms.Composition` gives each block's)."""
+        return (self.stabilizing_map,) * self.dim
+
     def __init__(self, dim: int, epsilon: float, delta: float = 0.0) -> None:
         self.dim = check_integer("dim", dim)
         self.epsilon = check_positive("epsilon", epsilon)

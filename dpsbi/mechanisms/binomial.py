@@ -116,6 +116,10 @@ class BinomialCurve(Mechanism):
         super().__init__(dim, dim * self.trials * math.log1p(1 / self.pseudo_count))
         self.target_epsilon = self.epsilon if epsilon is None else float(epsilon)
 
+    #: ``N y ~ Bin(N, p)``: ``asin(sqrt(y))`` has variance about ``1 / (4 N)`` whatever ``p`` (docs/RESULTS.md,
+    #: "SIR's flow on the arcsine of its release").
+    stabilizing_map = "arcsine"
+
     #: :meth:`with_epsilon` also takes a tensor of epsilons (see :mod:`dpsbi.mechanisms.epsilon`).
     batched_epsilon = True
 

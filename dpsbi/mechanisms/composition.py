@@ -129,6 +129,10 @@ class Composition(Mechanism):
         return tuple(c for m in self.blocks for c in m.clamps_lossless)
 
     @property
+    def stabilizing_maps(self) -> tuple[str | None, ...]:
+        return tuple(name for m in self.blocks for name in m.stabilizing_maps)
+
+    @property
     def lattice(self) -> float | None:
         spacings = set(self.lattices)
         return spacings.pop() if len(spacings) == 1 else None
