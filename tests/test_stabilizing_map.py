@@ -148,3 +148,14 @@ def test_a_checkpoint_written_before_the_map_existed_resumes_without_it_and_only
     )
     with pytest.raises(ValueError, match=r"different run \(flow\.stabilize_release: False vs True\)"):
         dpsbi.SPPE(task, checkpoint_dir=tmp_path, **options, **TINY).run()
+
+
+def test_the_map_makes_no_host_decision():
+    """A stabilized flow's ``log_prob`` traces as one graph (``fullgraph``: no data-dependent Python branch)."""
+    gen = torch.Generator().manual_seed(0)
+    theta, context = torch.randn(50, 2, generator=gen), torch.rand(50, 3, generator=gen)
+    flow = ConditionalFlow(
+        FlowSettings(transforms=1, hidden=8), theta, context, True, stabilizing_maps=("arcsine",) * 2
+    )
+    traced = torch.compile(flow.log_prob, backend="eager", fullgraph=True)
+    assert torch.allclose(traced(theta, context), flow.log_prob(theta, context))
