@@ -124,23 +124,28 @@ def test_files_written_before_the_map_existed_load_without_it():
     assert FlowSettings().stabilize_release is True
 
 
-def test_a_checkpoint_written_before_the_map_existed_resumes_without_it_and_only_so(tmp_path):
-    """Its fingerprint lacks ``stabilize_release``: read as ``False`` (what it trained), so the run resumes with
-    ``stabilize_release=False`` and is refused, naming the setting, with the default."""
+def _without_the_setting(directory) -> None:
+    """Rewrite the checkpoint in ``directory`` as one written before ``stabilize_release`` existed."""
     from dpsbi.files import load_sealed, save_sealed
     from dpsbi.inference import checkpoint
 
+    file = checkpoint.path(directory)
+    payload = load_sealed(file, "dpsbi checkpoint")
+    fingerprint = json.loads(payload["fingerprint"])
+    del fingerprint["flow"]["stabilize_release"]
+    save_sealed({**payload, "fingerprint": json.dumps(fingerprint)}, file)
+
+
+def test_a_checkpoint_written_before_the_map_existed_resumes_without_it_and_only_so(tmp_path):
+    """Its fingerprint lacks ``stabilize_release``: read as ``False`` (what it trained), so the run resumes with
+    ``stabilize_release=False`` and is refused, naming the setting, with the default."""
     task, options = (
         _task(),
         dict(amortized=True, epsilon_range=(0.5, 5.0), rounds=1, sims_per_round=300, seed=0),
     )
     off = {**TINY, "flow": {**TINY["flow"], "stabilize_release": False}}
     first = dpsbi.SPPE(task, checkpoint_dir=tmp_path, **options, **off).run()
-    file = checkpoint.path(tmp_path)
-    payload = load_sealed(file, "dpsbi checkpoint")
-    fingerprint = json.loads(payload["fingerprint"])
-    del fingerprint["flow"]["stabilize_release"]
-    save_sealed({**payload, "fingerprint": json.dumps(fingerprint)}, file)
+    _without_the_setting(tmp_path)
     resumed = dpsbi.SPPE(task, checkpoint_dir=tmp_path, **options, **off).run()
     y = torch.tensor([[0.3, 0.05]])
     assert torch.equal(
@@ -159,3 +164,16 @@ def test_the_map_makes_no_host_decision():
     )
     traced = torch.compile(flow.log_prob, backend="eager", fullgraph=True)
     assert torch.allclose(traced(theta, context), flow.log_prob(theta, context))
+
+
+def test_a_checkpoint_without_the_setting_resumes_at_the_defaults_where_no_map_applies(tmp_path):
+    """Laplace noise names no map: the setting changes nothing there, and such a checkpoint resumes as before."""
+    task = dpsbi.tasks.load("poisson_counts", epsilon=0.5, y_obs="simulate")
+    options = dict(amortized=True, epsilon_range=(0.2, 2.0), rounds=1, sims_per_round=300, seed=0, **TINY)
+    first = dpsbi.SPPE(task, checkpoint_dir=tmp_path, **options).run()
+    _without_the_setting(tmp_path)
+    resumed = dpsbi.SPPE(task, checkpoint_dir=tmp_path, **options).run()
+    y = torch.tensor([[3.0]])
+    assert torch.equal(
+        resumed.sample((40,), y=y, epsilon=1.0, seed=3), first.sample((40,), y=y, epsilon=1.0, seed=3)
+    )

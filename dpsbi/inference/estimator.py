@@ -760,7 +760,8 @@ class SequentialEstimator(abc.ABC):
             "sims_per_round": self.sims_per_round,
             "inner_samples": self.inner_samples,
             "qmc": self.qmc,
-            "flow": self.flow_settings.to_dict(),
+            # whether the map applies, not the setting: a checkpoint written before it existed resumes where it would not
+            "flow": {**self.flow_settings.to_dict(), "stabilize_release": bool(self._stabilizing_maps())},
             "training": {k: v for k, v in self.training.to_dict().items() if k not in ("threads", "compile")},
             "seed": self.seed,
             **(
