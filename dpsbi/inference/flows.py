@@ -190,8 +190,7 @@ class ConditionalFlow(nn.Module):
         self.dim, self.context_dim = int(inputs.shape[1]), int(context.shape[1])
         if config.clamp_release:
             self._register_clamp(release_bounds)
-        self.stabilizing_maps = tuple(stabilizing_maps)
-        self.stabilizer = Stabilizer(self.stabilizing_maps, self.context_dim)
+        self.stabilizer = Stabilizer(stabilizing_maps, self.context_dim)
         context = self._prepared(context)
         # built in torch's default dtype: wider examples (float64 counts) only set the z-scoring constants
         inputs, context = inputs.to(torch.get_default_dtype()), context.to(torch.get_default_dtype())
@@ -262,6 +261,11 @@ class ConditionalFlow(nn.Module):
     def context_net(self) -> nn.Module:
         """The context's z-scoring followed by the embedding (``nn.Sequential``), as the couplings see it."""
         return self.net._embedding_net if self.config.backend == "nflows" else self.embedding
+
+    @property
+    def stabilizing_maps(self) -> tuple[str | None, ...]:
+        """The maps the first columns of the context go through (:class:`~dpsbi.mechanisms.stabilizing.Stabilizer`)."""
+        return self.stabilizer.names
 
     @property
     def synchronizes(self) -> bool:

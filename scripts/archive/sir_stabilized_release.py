@@ -14,12 +14,7 @@ import torch
 import dpsbi
 from dpsbi.experiment.reference import reference_posterior
 from dpsbi.mechanisms import PostProcessed
-
-
-def stabilize(y):
-    """The release's variance-stabilizing map, ``(..., T)`` to ``(..., T)``."""
-    return torch.asin(y.clamp(0, 1).sqrt())
-
+from dpsbi.mechanisms.stabilizing import arcsine as stabilize
 
 seed, out = int(sys.argv[1]), sys.argv[2]
 sims, rounds, steps = (int(v) for v in (sys.argv[3:6] if len(sys.argv) > 3 else (100_000, 10, 1000)))
