@@ -311,7 +311,10 @@ def test_naive_npe_spends_num_simulations_in_one_round(task):
     assert (
         sppe["sims_per_round"] is None and dpsbi.SPPE(task).sims_per_round == per_round
     )  # None: chosen per fit
-    assert dpsbi.NaiveNPE.defaults()["num_simulations"] == sppe["rounds"] * per_round == 10_000
+    assert (
+        sppe["rounds"] is None and dpsbi.SPPE(task).rounds == 10
+    )  # None: 10, or the task's amortized recipe
+    assert dpsbi.NaiveNPE.defaults()["num_simulations"] == 10 * per_round == 10_000
     assert dpsbi.SPPE(task, amortized=True).sims_per_round == 100_000
     costly = dataclasses.replace(task, costly_simulator=True)
     assert dpsbi.SPPE(costly, amortized=True).sims_per_round == 10_000

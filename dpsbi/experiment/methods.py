@@ -195,6 +195,17 @@ def chain_summary(state: Any, num_samples: int, seed: int) -> dict[str, float | 
     return {}
 
 
+def estimator_arguments(method: Method, settings: dict) -> dict:
+    """``settings`` (a run's, every field spelled out) as a call would give them: ``training`` fields at the
+    estimator's defaults left out, so that the estimator chooses them per fit as the library does (a task's
+    amortized recipe, :meth:`dpsbi.SPPE.amortized_recipe`)."""
+    defaults = method.load().defaults()["training"]
+    training = {
+        k: v for k, v in settings.get("training", {}).items() if k not in defaults or defaults[k] != v
+    }
+    return {**settings, "training": training}
+
+
 def _estimator(
     method: Method,
     task: Task,
@@ -208,7 +219,7 @@ def _estimator(
     """The (not yet run) estimator of neural ``method`` with keyword ``settings``."""
     return method.load()(
         task,
-        **settings,
+        **estimator_arguments(method, settings),
         seed=seed,
         checkpoint_dir=checkpoint_dir,
         progress=progress,
@@ -221,19 +232,20 @@ def budget_settings(method: Method, budget: dict) -> dict:
     as an argument (``rounds``, ``sims_per_round``, ``inner_samples``) as it is, a key of
     :class:`~dpsbi.inference.training.TrainingSettings` (``max_epochs``, ``max_steps``) in ``training``. An
     estimator that takes ``num_simulations`` in one round (NaiveNPE) gets ``rounds x sims_per_round`` of them,
-    the one of the two the budget leaves unset taken from :meth:`dpsbi.SPPE.defaults`, so that one budget gives
+    the one of the two the budget leaves unset SPPE's default (:data:`~dpsbi.inference.sppe.ROUNDS`, :meth:`dpsbi.SPPE.default_sims_per_round`), so that one budget gives
     every neural method the same number of simulations. Other keys (NaiveNPE's ``inner_samples``, fixed at 1)
     are left out, and a classical baseline gets nothing."""
     if not method.neural:
         return {}
     from ..inference import SPPE
+    from ..inference.sppe import ROUNDS
     from ..inference.training import TrainingSettings
 
     arguments = inspect.signature(method.load()).parameters
     settings = {k: v for k, v in budget.items() if k in arguments}
     sequential = {k: budget[k] for k in ("rounds", "sims_per_round") if k in budget}
     if "num_simulations" in arguments and sequential:
-        defaults = {"rounds": SPPE.defaults()["rounds"], "sims_per_round": SPPE.default_sims_per_round(False)}
+        defaults = {"rounds": ROUNDS, "sims_per_round": SPPE.default_sims_per_round(False)}
         per_round = {**defaults, **sequential}
         settings["num_simulations"] = per_round["rounds"] * per_round["sims_per_round"]
     training = {k: v for k, v in budget.items() if k in TrainingSettings.field_names()}

@@ -129,6 +129,10 @@ class SequentialEstimator(abc.ABC):
     drawn by the task's mechanism re-calibrated there (``with_epsilon``, vectorized over the rows:
     :func:`~dpsbi.mechanisms.epsilon.at_epsilons`; a family without it is refused), and the flow conditions on
     ``log epsilon`` too: the posterior takes ``epsilon=`` per release (:class:`~dpsbi.inference.posterior.Posterior`).
+    ``epsilon_margin=m`` (>= 1; ``None``: 1, or the task's amortized recipe's in SPPE) trains over ``(low / m,
+    high * m)`` so that the range's ends lie inside what the flow has seen; the posterior is valid over
+    ``epsilon_range`` as asked (at a range's end SIR's flow missed, from inside it was at the reference:
+    docs/RESULTS.md, "SIR's flow alone: a context-shifted flow").
 
     Fits that end when they are done: ``budget`` (a :class:`Budget` or a dict of its fields: ``simulations``,
     ``seconds``) caps what the fit spends beside ``rounds``; ``stop_when_stable=tol`` ends the fit after a round
@@ -220,6 +224,7 @@ class SequentialEstimator(abc.ABC):
         on_round_end: RoundCallback | None = None,
         amortized: bool = False,
         epsilon_range: tuple[float, float] | None = None,
+        epsilon_margin: float | None = None,
         budget: Budget | dict | None = None,
         stop_when_stable: float | None = None,
         **unknown,
@@ -245,6 +250,11 @@ class SequentialEstimator(abc.ABC):
                 "amortized=True draws every round from the prior"
             )
         self.epsilon_range = self._check_epsilon_range(task, epsilon_range, self.amortized)
+        self.epsilon_margin = 1.0 if epsilon_margin is None else float(epsilon_margin)
+        if not 1 <= self.epsilon_margin < math.inf:
+            raise ValueError(f"epsilon_margin must be a factor >= 1, got {epsilon_margin}")
+        if self.epsilon_margin != 1 and self.epsilon_range is None:
+            raise ValueError(f"epsilon_margin={epsilon_margin} widens epsilon_range, but the fit has none")
         self.budget = Budget.coerce(budget)
         self.stop_when_stable = None if stop_when_stable is None else float(stop_when_stable)
         if self.stop_when_stable is not None:
@@ -671,7 +681,7 @@ class SequentialEstimator(abc.ABC):
             epsilon_generator = torch.Generator(device=theta.device).manual_seed(
                 derive_seed(self.seed, index, "epsilon")
             )
-            new["epsilon"] = log_uniform(*self.epsilon_range, n, epsilon_generator, theta.device)
+            new["epsilon"] = log_uniform(*self.training_epsilon_range, n, epsilon_generator, theta.device)
         self.data = {k: torch.cat([self.data[k], v]) if self.data else v for k, v in new.items()}
 
     def _draw_and_simulate(
@@ -731,6 +741,15 @@ class SequentialEstimator(abc.ABC):
         return tuple(maps) if applies else ()
 
     @property
+    def training_epsilon_range(self) -> tuple[float, float] | None:
+        """The epsilons the simulations are drawn over: ``epsilon_range`` widened by ``epsilon_margin`` at each
+        end (``None`` without a range)."""
+        if self.epsilon_range is None:
+            return None
+        low, high = self.epsilon_range
+        return low / self.epsilon_margin, high * self.epsilon_margin
+
+    @property
     def _epsilon_context(self) -> bool:
         """Whether the flow's context is a release with ``log epsilon`` appended (a posterior flow with
         ``epsilon_range``): its release is then z-scored at its own epsilon (FlowSettings ``release_scaling``)."""
@@ -768,6 +787,7 @@ class SequentialEstimator(abc.ABC):
                 {"amortized": True} if self.amortized else {}
             ),  # keys absent by default: older checkpoints resume
             **({"epsilon_range": list(self.epsilon_range)} if self.epsilon_range is not None else {}),
+            **({"epsilon_margin": self.epsilon_margin} if self.epsilon_margin != 1 else {}),
             **({"budget": self.budget.to_dict()} if self.budget.limited else {}),
             **({"stop_when_stable": self.stop_when_stable} if self.stop_when_stable is not None else {}),
             **self.options(),

@@ -371,7 +371,7 @@ class Posterior(abc.ABC):
         if epsilon is None:
             if not low * (1 - 1e-9) <= own <= high * (1 + 1e-9):
                 raise ValueError(
-                    f"this {self.method} posterior was trained over epsilon in [{low:g}, {high:g}], which does not "
+                    f"this {self.method} posterior answers over epsilon in [{low:g}, {high:g}], which does not "
                     f"hold the task's epsilon = {own:g}: pass epsilon="
                 )
             epsilon = torch.tensor([own], dtype=torch.float64)
@@ -383,7 +383,7 @@ class Posterior(abc.ABC):
         if outside.any():
             raise ValueError(
                 f"epsilon={float(epsilon[outside][0]):g} lies outside the range [{low:g}, {high:g}] this "
-                f"{self.method} posterior was trained over; refusing it"
+                f"{self.method} posterior was trained for; refusing it"
             )
         return epsilon.to(self.device, torch.get_default_dtype())
 
@@ -710,6 +710,17 @@ def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> 
     return torch.cat([fn(chunk) for chunk in rows.split(max(1, CHUNK_ROWS // width))])
 
 
+def _as_trained(task: Task, recorded: dict | None) -> Task:
+    """``task`` rebuilt with its amortized recipe's ``task_options`` where the file records a task built with
+    them (SIR's default amortized fit trains on its tau-leaping model: :meth:`dpsbi.SPPE.amortized_recipe`), else
+    ``task``."""
+    options = task.amortized_recipe.get("task_options", {})
+    kwargs = (recorded or {}).get("kwargs", {})
+    if options and all(key in kwargs and kwargs[key] == value for key, value in options.items()):
+        return tasks.with_options(task, options)
+    return task
+
+
 def load_posterior(
     path: str | os.PathLike, device: torch.device | str | None = None, task: Task | None = None
 ) -> Posterior:
@@ -730,6 +741,8 @@ def load_posterior(
             )
         task = tasks.load(meta["task"]["name"], **meta["task"]["kwargs"])
         which = "the task as dpsbi.tasks.load builds it now"
+    else:
+        task = _as_trained(task, meta["task"])
     posterior_file.check_identity(path, meta["identity"], task, which)
     posterior_file.check_simulator(path, meta.get("simulator"), task)
     if meta["y_obs"] is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..tasks import Task
+from ..tasks import Task, with_options
 from .estimator import SequentialEstimator
 from .losses import atom_indices, noise_uniforms, sppe_loss
 from .posterior import FlowPosterior, Posterior
@@ -19,6 +19,8 @@ from .widening import ReleaseRatio, Widening, fit_release_ratio, widened_loss, w
 #: 46 cells and 3 parameters at 10 rounds of 100 000 (49 million) held 1.75 GB in the last round, 3.85 GB at the
 #: peak of fit and scoring (docs/RESULTS.md, "Simulations that are cheap: a million for an amortized fit").
 AMORTIZED_STORED_NUMBERS = 50_000_000
+#: Rounds where the call leaves them out and the task has no amortized recipe (:meth:`SPPE.amortized_recipe`).
+ROUNDS = 10
 
 
 class SPPE(SequentialEstimator):
@@ -58,6 +60,14 @@ class SPPE(SequentialEstimator):
     releases are far noise draws (naive Bayes), off elsewhere; measured in docs/RESULTS.md, "Widened noise at the
     default".
 
+    A task may carry its own measured recipe for an amortized fit (:attr:`~dpsbi.tasks.base.Task.amortized_recipe`,
+    applied by :meth:`amortized_recipe` where the call leaves its arguments out): SIR's trains one round of a
+    million simulations of its validated tau-leaping model (``task_options``: options of :func:`dpsbi.load` over
+    the task's own for the model that simulates the training data; ``{}`` keeps the task's simulator), 13 000
+    steps from lr 3e-3, over epsilon twice as far out as ``epsilon_range`` at each end (``epsilon_margin``):
+    at the bar at its stored releases in three seeds, where the exact simulator's budget is not
+    (docs/RESULTS.md, "SIR's amortized default"). The posterior then belongs to that model (its file names it).
+
     ``truncate=mass`` (a float, e.g. 1e-4) is the TSNPE variant (Deistler et al. 2022): later rounds draw
     from the prior restricted to the region where ``q(theta | y_obs)`` exceeds its ``mass``-quantile
     (estimated from ``truncation_draws`` posterior draws; at most ``max_prior_draws`` prior draws screened
@@ -83,7 +93,7 @@ class SPPE(SequentialEstimator):
     def __init__(
         self,
         task: Task,
-        rounds: int = 10,
+        rounds: int | None = None,
         sims_per_round: int | None = None,
         inner_samples: int = 1,
         qmc: bool = False,
@@ -93,10 +103,12 @@ class SPPE(SequentialEstimator):
         max_prior_draws: int = 10_000_000,
         combined_loss: bool = False,
         widening: Widening | dict | bool | None = None,
+        task_options: dict | None = None,
         **kwargs,
     ) -> None:
-        if sims_per_round is None:
-            sims_per_round = self.default_sims_per_round(bool(kwargs.get("amortized", False)), task, rounds)
+        task, self.task_options, rounds, sims_per_round, kwargs = self.amortized_recipe(
+            task, task_options, rounds, sims_per_round, kwargs
+        )
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         if int(atoms) < 2:
             raise ValueError(f"atomic APT needs atoms >= 2, got {atoms}")
@@ -135,6 +147,38 @@ class SPPE(SequentialEstimator):
         if problem:
             raise ValueError(problem)
         self._release_ratio: ReleaseRatio | None = None
+
+    @classmethod
+    def amortized_recipe(
+        cls,
+        task: Task,
+        task_options: dict | None,
+        rounds: int | None,
+        sims_per_round: int | None,
+        kwargs: dict,
+    ) -> tuple[Task, dict, int, int, dict]:
+        """The call's left-out arguments filled in: ``(task, task_options, rounds, sims_per_round, kwargs)``.
+        For an amortized fit of a task with a recipe (``task.amortized_recipe``): its ``task_options`` (the task
+        rebuilt with them: :func:`~dpsbi.tasks.with_options`), its ``epsilon_margin`` where the call gives
+        ``epsilon_range``, and, where the call leaves out both ``rounds`` and ``sims_per_round``, its
+        ``rounds``, ``sims_per_round`` and ``training`` fields (under the call's ``training`` dict; a
+        :class:`TrainingSettings` replaces them). Else :data:`ROUNDS` rounds and
+        :meth:`default_sims_per_round`."""
+        kwargs = dict(kwargs)
+        amortized = bool(kwargs.get("amortized", False))
+        recipe = task.amortized_recipe if amortized else {}
+        task_options = dict(recipe.get("task_options", {}) if task_options is None else task_options)
+        task = with_options(task, task_options)
+        if kwargs.get("epsilon_margin") is None and kwargs.get("epsilon_range") is not None:
+            kwargs["epsilon_margin"] = recipe.get("epsilon_margin")
+        if rounds is None and sims_per_round is None and "rounds" in recipe:
+            rounds, sims_per_round = recipe["rounds"], recipe["sims_per_round"]
+            training = {**cls.training_defaults, **recipe.get("training", {})}
+            kwargs["training"] = TrainingSettings.coerce(kwargs.get("training"), training)
+        rounds = ROUNDS if rounds is None else rounds
+        if sims_per_round is None:
+            sims_per_round = cls.default_sims_per_round(amortized, task, rounds)
+        return task, task_options, rounds, sims_per_round, kwargs
 
     @staticmethod
     def default_sims_per_round(amortized: bool, task: Task | None = None, rounds: int = 10) -> int:
@@ -207,6 +251,7 @@ class SPPE(SequentialEstimator):
             **(truncation if self.truncate is not None else {}),
             **({"combined_loss": True} if self.combined_loss else {}),
             **({"widening": self.widening.to_dict()} if self.widening is not None else {}),
+            **({"task_options": self.task_options} if self.task_options else {}),
         }  # APT: as before TSNPE and the combined loss existed
 
     def flow_data(self, z, s, generator, epsilon=None):

@@ -49,6 +49,21 @@ def load(name: str, **kwargs) -> Task:
     return task
 
 
+def with_options(task: Task, options: dict) -> Task:
+    """``task`` rebuilt by :func:`load` with ``options`` over the keywords it was built with, its release kept
+    (``task`` itself where ``options`` is empty): e.g. SIR's tau-leaping model of an exact-simulator task. A task
+    not built by :func:`load` is refused (one line)."""
+    if not options:
+        return task
+    if task.spec is None:
+        raise ValueError(
+            f"task {task.name!r} was not built by dpsbi.load, so it cannot be rebuilt with options {options}"
+        )
+    other = load(task.spec["name"], **{**task.spec["kwargs"], **options})
+    other.y_obs, other.s_obs = task.y_obs, task.s_obs
+    return other
+
+
 def full_kwargs(task: Task) -> dict:
     """The keywords that rebuild ``task`` with :func:`load`, its factory's defaults filled in (``{}`` for a task
     not built by :func:`load`)."""
@@ -72,4 +87,14 @@ from . import (  # noqa: E402,F401  (registration)
 )
 from .custom import box, from_simulator, normal  # noqa: E402  (also registers "custom": a user's factory)
 
-__all__ = ["Task", "box", "from_simulator", "full_kwargs", "load", "names", "normal", "register"]
+__all__ = [
+    "Task",
+    "box",
+    "from_simulator",
+    "full_kwargs",
+    "load",
+    "names",
+    "normal",
+    "register",
+    "with_options",
+]

@@ -71,6 +71,12 @@ class Task:
     #: the prior's tails (naive Bayes: a cell 8-11 Laplace scales out): an amortized SPPE fit then widens its
     #: training noise by default (:meth:`~dpsbi.inference.sppe.SPPE.default_widening`).
     amortized_widening: bool = False
+    #: The task's own measured recipe for an amortized SPPE fit: SPPE keyword arguments (``rounds`` with the
+    #: ``sims_per_round`` and ``training`` fields that go with it, ``task_options``, ``epsilon_margin``) that
+    #: :class:`~dpsbi.inference.sppe.SPPE` takes where an ``amortized=True`` call leaves them out
+    #: (:meth:`~dpsbi.inference.sppe.SPPE.amortized_recipe`); empty: the generic amortized defaults (SIR's: its
+    #: factory, docs/RESULTS.md "SIR's amortized default").
+    amortized_recipe: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:
