@@ -367,3 +367,27 @@ def test_poisson_counts_posterior_moments_in_the_log_space(method):
     mean, sd = float(exact.mean), float(exact.variance.sqrt())
     assert abs(float(draws.mean()) - mean) < 0.15 * sd
     assert abs(float(draws.std()) / sd - 1) < 0.15
+
+
+@pytest.mark.parametrize(
+    "name, epsilon_range", [("census_table", (2.8818, 10.0343)), ("sir", (0.1, 10)), ("naive_bayes", None)]
+)
+def test_releases_drawn_in_chunks_are_one_calls(name, epsilon_range, monkeypatch):
+    """A fit draws a release of every simulation (the flow's z-scoring, the release check) a chunk at a time, so
+    that a round of a million census tables fits in memory; the releases are the same as one call's."""
+    from dpsbi.inference import estimator
+
+    task = dpsbi.tasks.load(name)
+    fit = dpsbi.SPPE(
+        task,
+        amortized=True,
+        epsilon_range=epsilon_range,
+        rounds=1,
+        sims_per_round=200,
+        progress=False,
+    )
+    fit._simulate(0, None)
+    s, epsilon = fit.data["s"], fit.data.get("epsilon")
+    whole = fit.releases(s, torch.Generator().manual_seed(3), epsilon)
+    monkeypatch.setattr(estimator, "RELEASE_CHUNK_NUMBERS", 7 * task.dim_s)  # chunks of 7 rows, the last of 4
+    assert torch.equal(fit.releases(s, torch.Generator().manual_seed(3), epsilon), whole)

@@ -38,6 +38,11 @@ from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow, planned_s
 
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
+#: Release numbers drawn at once where a fit draws a release of every simulation (the release check, the flow's
+#: z-scoring: :meth:`SequentialEstimator.releases`): a discrete Gaussian release of census tables' 46 cells over a
+#: range of rho holds ~26 float64 temporaries a number, so a round of a million in one call needed ~25 GB
+#: (docs/RESULTS.md, "A round of a million census tables").
+RELEASE_CHUNK_NUMBERS = 2**21
 
 #: ``on_round_end(round_number, posterior, num_simulations)``, after every finished round; ``round_number``
 #: counts from 1, as ``history``'s ``"round"`` does.
@@ -366,7 +371,18 @@ class SequentialEstimator(abc.ABC):
 
     def releases(self, s: Tensor, generator: torch.Generator, epsilon: Tensor | None = None) -> Tensor:
         """One release of each summary ``s (n, input_dim)``: the task's mechanism, or with ``epsilon (n,)`` the
-        mechanism re-calibrated at each row's epsilon (one vectorized call)."""
+        mechanism re-calibrated at each row's epsilon; vectorized, :data:`RELEASE_CHUNK_NUMBERS` numbers at a time
+        (the same releases as one call: the generator runs on from chunk to chunk)."""
+        size = max(1, RELEASE_CHUNK_NUMBERS // max(1, s.shape[-1]))
+        if s.shape[0] > size:
+            return torch.cat(
+                [
+                    self.releases(
+                        s[i : i + size], generator, None if epsilon is None else epsilon[i : i + size]
+                    )
+                    for i in range(0, s.shape[0], size)
+                ]
+            )
         if epsilon is None:
             return self.task.release(s, generator=generator)
         return at_epsilons(self.task.mechanism, epsilon.unsqueeze(-1)).sample(s, generator=generator)
