@@ -41,7 +41,7 @@ PROBE_ROWS = 2
 #: Release numbers drawn at once where a fit draws a release of every simulation (the release check, the flow's
 #: z-scoring: :meth:`SequentialEstimator.releases`): a discrete Gaussian release of census tables' 46 cells over a
 #: range of rho holds ~26 float64 temporaries a number, so a round of a million in one call needed ~25 GB
-#: (docs/RESULTS.md, "A round of a million census tables").
+#: (docs/RESULTS.md, "SIR's amortized default").
 RELEASE_CHUNK_NUMBERS = 2**21
 
 #: ``on_round_end(round_number, posterior, num_simulations)``, after every finished round; ``round_number``
