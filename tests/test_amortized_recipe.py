@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dpsbi
+from dpsbi.baselines import corrected
 from dpsbi.tasks import load, with_options
 from dpsbi.tasks.sir import AMORTIZED_RECIPE
 
@@ -93,6 +94,16 @@ def test_the_recipe_is_the_spelled_out_fit_bit_for_bit(tmp_path):
         assert torch.equal(again.sample((50,), y=y, epsilon=10.0, seed=1), draws)
     with pytest.raises(ValueError, match="another model"):
         dpsbi.load_posterior(tmp_path / "sir.pt", task=load("sir", epsilon=1.0))
+    # its draws corrected against the exact model: the task given simulates, not the tau-leaping one it trained on
+    exact, counted = load("sir"), []
+    simulate = exact.simulator
+    exact.simulator = lambda theta, generator=None: counted.append(len(theta)) or simulate(theta, generator)
+    result = corrected(
+        posterior, 20, y=y, epsilon=10.0, simulations_per_draw=1, seed=0, progress=False, task=exact
+    )
+    assert sum(counted) == result.num_simulations > 0 and result.samples.shape == (20, 2)
+    with pytest.raises(ValueError, match="another model than the posterior's: epsilon"):
+        corrected(posterior, 20, y=y, progress=False, task=load("sir", epsilon=1.0))
 
 
 def test_dpsbi_run_reaches_the_recipe():

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..tasks.base import prior_device
+from ..tasks.base import Task, prior_device
+from ..tasks.identity import differences, identity
 from .exact_abc import _at_epsilon, kish_ess, mechanism_log_weights, normalize, seeded
 from .fitted_proposal import covariance_supported, fitted_proposal
 from .result import BaselineResult
@@ -37,6 +38,18 @@ LIKELIHOODS = ("auto", "exact", "simulated")
 BATCH = 100_000
 
 
+def _target(trained: Task, task: Task | None) -> Task:
+    """``task`` (default ``trained``), refused where its prior, mechanism or epsilon differ from ``trained``'s."""
+    if task is None:
+        return trained
+    changed = differences(identity(trained), identity(task))
+    if changed:
+        raise ValueError(
+            f"corrected: task {task.name!r} is another model than the posterior's: {'; '.join(changed)}"
+        )
+    return task
+
+
 def corrected(
     posterior,
     num_draws: int,
@@ -48,6 +61,7 @@ def corrected(
     likelihood: str = "auto",
     seed: int | None = None,
     progress: bool = True,
+    task: Task | None = None,
 ) -> BaselineResult:
     """``num_draws`` weighted draws ``(num_draws, dim_theta)`` of the exact private posterior at release
     ``y (dim_y,)`` (default: the posterior's ``default_x``) and privacy level ``epsilon`` (default: the task's).
@@ -67,13 +81,15 @@ def corrected(
     the draws wanted, :func:`~dpsbi.baselines.smoothed_resample` gives them without repeats); ``result.info`` holds
     ``likelihood`` (which was used), ``ess_first`` (the first stage's own) and ``adapted``. ``posterior``: a
     posterior flow (``task``, ``proposal``, ``default_x``: SPPE's and NaiveNPE's); a likelihood posterior is
-    refused in one line."""
+    refused in one line. ``task``: the model whose private posterior the draws target (default: the posterior's
+    own), e.g. ``load("sir")`` for SIR's default amortized flow, which is trained on its tau-leaping model; its
+    prior, mechanism and epsilon must be the posterior's (refused in one line, naming what differs)."""
     if not hasattr(posterior, "proposal"):
         raise ValueError(
             f"corrected needs a posterior flow (SPPE, NaiveNPE), not a {getattr(posterior, 'method', '?')} "
             "likelihood posterior"
         )
-    task = posterior.task
+    task = _target(posterior.task, task)
     exact = exact_likelihood(task)
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"corrected: likelihood={likelihood!r} is not one of {LIKELIHOODS}")
