@@ -232,8 +232,9 @@ def budget_settings(method: Method, budget: dict) -> dict:
     as an argument (``rounds``, ``sims_per_round``, ``inner_samples``) as it is, a key of
     :class:`~dpsbi.inference.training.TrainingSettings` (``max_epochs``, ``max_steps``) in ``training``. An
     estimator that takes ``num_simulations`` in one round (NaiveNPE) gets ``rounds x sims_per_round`` of them,
-    the one of the two the budget leaves unset SPPE's default (:data:`~dpsbi.inference.sppe.ROUNDS`, :meth:`dpsbi.SPPE.default_sims_per_round`), so that one budget gives
-    every neural method the same number of simulations. Other keys (NaiveNPE's ``inner_samples``, fixed at 1)
+    the one of the two the budget leaves unset at SPPE's default (:data:`~dpsbi.inference.sppe.ROUNDS`,
+    :meth:`dpsbi.SPPE.default_sims_per_round`), so that one budget gives every neural method the same number of
+    simulations. Other keys (NaiveNPE's ``inner_samples``, fixed at 1)
     are left out, and a classical baseline gets nothing."""
     if not method.neural:
         return {}
