@@ -712,7 +712,7 @@ def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> 
 
 def _as_trained(task: Task, recorded: dict | None) -> Task:
     """``task`` rebuilt with its amortized recipe's ``task_options`` where the file records a task built with
-    them (SIR's default amortized fit trains on its tau-leaping model: :meth:`dpsbi.SPPE.amortized_recipe`), else
+    them (SIR's default amortized fit trains on its tau-leaping model: :meth:`dpsbi.SPPE.resolve_arguments`), else
     ``task``."""
     options = task.amortized_recipe.get("task_options", {})
     kwargs = (recorded or {}).get("kwargs", {})

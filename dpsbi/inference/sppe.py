@@ -19,7 +19,7 @@ from .widening import ReleaseRatio, Widening, fit_release_ratio, widened_loss, w
 #: 46 cells and 3 parameters at 10 rounds of 100 000 (49 million) held 1.75 GB in the last round, 3.85 GB at the
 #: peak of fit and scoring (docs/RESULTS.md, "Simulations that are cheap: a million for an amortized fit").
 AMORTIZED_STORED_NUMBERS = 50_000_000
-#: Rounds where the call leaves them out and the task has no amortized recipe (:meth:`SPPE.amortized_recipe`).
+#: Rounds where the call leaves them out and the task has no amortized recipe (:meth:`SPPE.resolve_arguments`).
 ROUNDS = 10
 
 
@@ -61,7 +61,7 @@ class SPPE(SequentialEstimator):
     default".
 
     A task may carry its own measured recipe for an amortized fit (:attr:`~dpsbi.tasks.base.Task.amortized_recipe`,
-    applied by :meth:`amortized_recipe` where the call leaves its arguments out): SIR's trains one round of a
+    applied by :meth:`resolve_arguments` where the call leaves its arguments out): SIR's trains one round of a
     million simulations of its validated tau-leaping model (``task_options``: options of :func:`dpsbi.load` over
     the task's own for the model that simulates the training data; ``{}`` keeps the task's simulator), 13 000
     steps from lr 3e-3, over epsilon twice as far out as ``epsilon_range`` at each end (``epsilon_margin``):
@@ -106,7 +106,7 @@ class SPPE(SequentialEstimator):
         task_options: dict | None = None,
         **kwargs,
     ) -> None:
-        task, self.task_options, rounds, sims_per_round, kwargs = self.amortized_recipe(
+        task, self.task_options, rounds, sims_per_round, kwargs = self.resolve_arguments(
             task, task_options, rounds, sims_per_round, kwargs
         )
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
@@ -149,7 +149,7 @@ class SPPE(SequentialEstimator):
         self._release_ratio: ReleaseRatio | None = None
 
     @classmethod
-    def amortized_recipe(
+    def resolve_arguments(
         cls,
         task: Task,
         task_options: dict | None,
@@ -181,7 +181,7 @@ class SPPE(SequentialEstimator):
         return task, task_options, rounds, sims_per_round, kwargs
 
     @staticmethod
-    def default_sims_per_round(amortized: bool, task: Task | None = None, rounds: int = 10) -> int:
+    def default_sims_per_round(amortized: bool, task: Task | None = None, rounds: int = ROUNDS) -> int:
         """``sims_per_round`` where the call leaves it out: 1000 for a fit at ``y_obs``; for an amortized fit of
         ``rounds`` rounds on ``task`` (required then), which must learn the posterior at every release and every
         epsilon of a range from prior draws alone, 100 000, or as many as keep the fit's stored parameters and

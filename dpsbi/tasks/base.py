@@ -74,7 +74,7 @@ class Task:
     #: The task's own measured recipe for an amortized SPPE fit: SPPE keyword arguments (``rounds`` with the
     #: ``sims_per_round`` and ``training`` fields that go with it, ``task_options``, ``epsilon_margin``) that
     #: :class:`~dpsbi.inference.sppe.SPPE` takes where an ``amortized=True`` call leaves them out
-    #: (:meth:`~dpsbi.inference.sppe.SPPE.amortized_recipe`); empty: the generic amortized defaults (SIR's: its
+    #: (:meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`); empty: the generic amortized defaults (SIR's: its
     #: factory, docs/RESULTS.md "SIR's amortized default").
     amortized_recipe: dict = field(default_factory=dict)
 
