@@ -6,7 +6,8 @@
 ``collect`` writes one row per finished run below the given directories (its final metrics, seed, wall and CPU time, and when it
 first reached C2ST <= 0.55), replacing the row of the same cell (task, epsilon, method, seed) already in the file,
 whichever sweep directory either ran in; ``report`` prints the table, mean and
-spread over seeds per task, epsilon and method, and draws C2ST against CPU time.
+spread over seeds per task, epsilon and method, and draws C2ST against CPU time; ``report --runs`` prints one row
+per run with each parameter's sd and 95 % width against the reference's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from dpsbi.experiment.outputs import SUMMARY_COLUMNS, read_rows  # noqa: E402
 from dpsbi.files import atomic_write_text  # noqa: E402
 
 BAR = 0.55
+#: Per-parameter columns a run records (``sd_ratio[log_beta]``, ...): kept by ``collect``, shown by ``report --runs``.
+PER_PARAMETER = ("sd_ratio[", "width95_ratio[")
 METHODS = ("sppe", "sple", "naive_npe", "da_mcmc", "smc_abc")
 
 
@@ -44,7 +47,7 @@ def run_rows(sweep: Path) -> list[dict]:
         run = sweep / row["run"]
         rounds = read_rows(run / row["method"] / "rounds.json")
         seed = int(OmegaConf.load(run / "config.yaml").seed)
-        kept = {k: row[k] for k in SUMMARY_COLUMNS if k in row}
+        kept = {k: v for k, v in row.items() if k in SUMMARY_COLUMNS or k.startswith(PER_PARAMETER)}
         out.append(
             {**kept, "seed": seed, "cpu_at_bar": first_at_bar(rounds), "run": f"{sweep.name}/{row['run']}"}
         )
@@ -111,6 +114,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_table(rows: list[dict]) -> str:
+    """Markdown table, one row per run: task, epsilon, method, seed, C2ST, CPU seconds, and each parameter's
+    posterior sd and central 95 % width over the reference's (where the run recorded them)."""
+    names = list(
+        dict.fromkeys(k[len("sd_ratio[") : -1] for r in rows for k in r if k.startswith("sd_ratio["))
+    )
+
+    def ratios(row: dict, metric: str) -> str:
+        return ", ".join(
+            format(row[f"{metric}[{n}]"], ".2f") if f"{metric}[{n}]" in row else "-" for n in names
+        )
+
+    lines = [
+        f"| task | epsilon | method | seed | C2ST | CPU s | sd ratio ({', '.join(names)}) | 95 % width ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in sorted(rows, key=key):
+        lines.append(
+            f"| {row['task']} | {float(row['epsilon']):g} | {row['method']} | {row['seed']} | {row['c2st']:.3f} | "
+            f"{row['cpu_time']:.0f} | {ratios(row, 'sd_ratio')} | {ratios(row, 'width95_ratio')} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """One panel per task and epsilon: each run's final C2ST against its CPU seconds, colored by method."""
     cells = sorted({(r["task"], float(r["epsilon"])) for r in rows})
@@ -144,12 +171,15 @@ def main(argv: list[str] | None = None) -> None:
     r = commands.add_parser("report", help="the table (and figure) from a rows file")
     r.add_argument("rows", type=Path)
     r.add_argument("--figure", type=Path)
+    r.add_argument(
+        "--runs", action="store_true", help="one row per run, with each parameter's sd and width ratio"
+    )
     args = parser.parse_args(argv)
     if args.command == "collect":
         collect(args.sweeps, args.out)
         return
     rows = read_jsonl(args.rows)
-    print(table(rows))
+    print(run_table(rows) if args.runs else table(rows))
     if args.figure:
         plot(rows, args.figure)
 

@@ -101,6 +101,26 @@ def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_
     ).float().mean() > 0.002  # the cut removes ~1 % of this prior
 
 
+def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one_argument_away():
+    """SIR's sequential SPPE fit is TSNPE at 1e-4 where the call leaves ``truncate`` out (``Task.sequential_truncate``,
+    docs/RESULTS.md "SIR's wide tails"); ``truncate=False``, the combined loss, an amortized fit and the paper's
+    settings are atomic APT, and a task without its own default stays atomic."""
+    sir = dpsbi.tasks.load("sir")
+    assert sir.sequential_truncate == 1e-4
+    default = dpsbi.SPPE(sir)
+    assert default.truncate == 1e-4 and default.options()["truncate"] == 1e-4 and default.atoms_of(1) == 1
+    assert dpsbi.SPPE(sir, truncate=1e-3).truncate == 1e-3
+    for atomic in (
+        dpsbi.SPPE(sir, truncate=False),
+        dpsbi.SPPE(sir, combined_loss=True),
+        dpsbi.SPPE(sir, amortized=True, rounds=1, sims_per_round=1000),
+        dpsbi.SPPE.paper(sir),
+        dpsbi.SPPE(dpsbi.tasks.load("regression")),
+    ):
+        assert atomic.truncate is None and "truncate" not in atomic.options()
+    assert dpsbi.SPPE(sir, truncate=False).atoms_of(1) == 10
+
+
 def test_sple_matches_the_exact_private_posterior(task, exact):
     mcmc = dict(num_chains=100, warmup=20, thin=1)
     post = dpsbi.SPLE(task, rounds=2, sims_per_round=400, inner_samples=8, mcmc=mcmc, **SMALL).run()
@@ -210,6 +230,7 @@ def test_a_checkpoint_of_version_2_which_counted_rounds_from_0_is_refused(tmp_pa
         (dict(training=dict(validation_fraction=0.9), sims_per_round=2), "leaves no training data"),
         (dict(atoms=1), "atoms"),
         (dict(truncate=1.5), "truncate"),
+        (dict(truncate=True), "truncate must be a posterior mass"),
         (dict(truncate=1e-4, truncation_draws=0), "truncation_draws"),
         (dict(flow=dict(layers=3)), "unknown flow settings"),
         (dict(training=dict(lr=-1.0)), "lr"),

@@ -27,7 +27,8 @@ class SPPE(SequentialEstimator):
     """Sequential private posterior estimation (main paper, Alg. 1).
 
     The first round trains on prior draws with ``-mean log q(theta_i | y_ij)``; later rounds propose from
-    ``q(. | y_obs)`` and train with atomic APT (``atoms`` contrasting parameters per pair). Each pair's
+    ``q(. | y_obs)`` and train with atomic APT (``atoms`` contrasting parameters per pair), or, where the task
+    says so (SIR), from the prior cut to that posterior's region (``truncate``, below). Each pair's
     ``inner_samples`` releases ``y_ij = G(s_i, u_ij)`` come from fresh RQMC (``qmc=True``) or MC uniforms.
     After one round the posterior is amortized (valid at any release).
 
@@ -49,8 +50,8 @@ class SPPE(SequentialEstimator):
     draws by the plain loss ``-log q(theta | y)``, at no extra flow evaluation. The atomic loss compares ``q`` only
     at the atoms, so it leaves ``q``'s mass elsewhere free; on SIR at epsilon 1 that leaked mass shows as tails
     that make the sd 1.2-2.0x the reference's while the central 95 % width is right (docs/RESULTS.md, "SIR's
-    wide tails"); with it, 1.1-1.3x (``truncate`` removes them: 0.9-1.05x). Off by default until the main table
-    is rerun with it.
+    wide tails"); with it, 1.1-1.3x (``truncate`` removes them: 0.9-1.05x). Off by default: SIR truncates
+    instead.
 
     ``widening`` (a :class:`~dpsbi.inference.widening.Widening`, a dict of its fields, ``True`` for its defaults,
     ``False`` for none; amortized fits on Laplace or Gaussian noise): each coordinate of a training release takes
@@ -72,8 +73,9 @@ class SPPE(SequentialEstimator):
     from the prior restricted to the region where ``q(theta | y_obs)`` exceeds its ``mass``-quantile
     (estimated from ``truncation_draws`` posterior draws; at most ``max_prior_draws`` prior draws screened
     per round) and keep the first round's plain loss on all simulations: no atoms, ``atoms`` times fewer flow
-    evaluations per step, no leakage; the posterior is valid inside that region. See
-    :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
+    evaluations per step, no leakage; the posterior is valid inside that region. ``truncate=None`` (the default)
+    is the task's own (:meth:`default_truncate`: SIR's 1e-4, atomic APT elsewhere); ``truncate=False`` is atomic
+    APT on any task. See :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
     rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one
@@ -83,7 +85,7 @@ class SPPE(SequentialEstimator):
     """
 
     method = "SPPE"
-    paper_settings = {**SequentialEstimator.paper_settings, "atoms": 10}
+    paper_settings = {**SequentialEstimator.paper_settings, "atoms": 10, "truncate": False}
     #: 1000 steps a round: an atomic M = 1 step is cheap (~36 ms), and on regression at epsilon 1 they reached
     #: C2ST 0.52 at 2000 simulations in 50 s where 500 steps needed 5000 simulations (docs/RESULTS.md).
     #: ``batch_size=None`` and ``weight_decay=None``: chosen per fit by :meth:`default_batch_size` (larger for an
@@ -98,7 +100,7 @@ class SPPE(SequentialEstimator):
         inner_samples: int = 1,
         qmc: bool = False,
         atoms: int = 10,
-        truncate: float | None = None,
+        truncate: float | bool | None = None,
         truncation_draws: int = 100_000,
         max_prior_draws: int = 10_000_000,
         combined_loss: bool = False,
@@ -116,9 +118,14 @@ class SPPE(SequentialEstimator):
             raise ValueError(
                 f"atoms={atoms} exceeds the batch size ({self.training.batch_size}) or sims_per_round ({self.sims_per_round})"
             )
+        if truncate is None:
+            truncate = self.default_truncate(self.amortized, bool(combined_loss), task)
+        elif truncate is False:
+            truncate = None
         if truncate is not None and not 0 < float(truncate) < 1:
             raise ValueError(
-                f"truncate must be a posterior mass in (0, 1) (e.g. 1e-4) or None, got {truncate}"
+                f"truncate must be a posterior mass in (0, 1) (e.g. 1e-4), False (atomic APT) or None (the task's "
+                f"default), got {truncate}"
             )
         if truncate is not None and self.amortized:
             raise ValueError(
@@ -200,6 +207,16 @@ class SPPE(SequentialEstimator):
             return 10_000
         fits = AMORTIZED_STORED_NUMBERS // (int(rounds) * (task.dim_theta + task.mechanism.input_dim))
         return min(100_000, max(10_000, fits))
+
+    @staticmethod
+    def default_truncate(amortized: bool, combined_loss: bool, task: Task) -> float | None:
+        """``truncate`` where the call leaves it out: the task's ``sequential_truncate`` for a fit at ``y_obs``
+        without ``combined_loss`` (SIR: 1e-4), else ``None``, atomic APT (an amortized fit draws from the prior).
+        Measured on SIR at its stored releases at epsilon 0.1 / 1 / 10, three seeds each (docs/RESULTS.md, "SIR's
+        wide tails"): atomic APT's posterior sd ran up to 2x the reference's (leaked tails, at C2ST 0.52-0.53),
+        truncated proposals' 0.89-1.11x at 0.1 and 1 and 1.03-1.42x at 10, in about two thirds of the CPU time;
+        C2ST 0.514-0.544, 0.575 in one seed at 10. Elsewhere atomic APT was faster to the bar (regression)."""
+        return None if amortized or combined_loss else task.sequential_truncate
 
     @staticmethod
     def default_widening(amortized: bool, task: Task) -> bool:

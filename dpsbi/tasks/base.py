@@ -77,6 +77,10 @@ class Task:
     #: (:meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`); empty: the generic amortized defaults (SIR's: its
     #: factory, docs/RESULTS.md "SIR's amortized default").
     amortized_recipe: dict = field(default_factory=dict)
+    #: The posterior mass a sequential SPPE fit at ``y_obs`` truncates its proposals at by default (TSNPE,
+    #: :meth:`~dpsbi.inference.sppe.SPPE.default_truncate`) where atomic APT's leaked tails were measured (SIR:
+    #: its factory, docs/RESULTS.md "SIR's wide tails"); ``None``: atomic APT.
+    sequential_truncate: float | None = None
 
     def __post_init__(self) -> None:
         if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:
