@@ -213,7 +213,7 @@ class SPPE(SequentialEstimator):
         """``truncate`` where the call leaves it out: the task's ``sequential_truncate`` for a fit at ``y_obs``
         without ``combined_loss`` (SIR: 1e-4), else ``None``, atomic APT (an amortized fit draws from the prior).
         Measured on SIR at its stored releases at epsilon 0.1 / 1 / 10, three seeds each (docs/RESULTS.md, "SIR's
-        wide tails"): atomic APT's posterior sd ran up to 2x the reference's (leaked tails, at C2ST 0.52-0.53),
+        wide tails"): atomic APT's posterior sd ran 1.1-3.0x the reference's (leaked tails, at C2ST 0.52-0.58),
         truncated proposals' 0.89-1.11x at 0.1 and 1 and 1.03-1.42x at 10, in about two thirds of the CPU time;
         C2ST 0.514-0.544, 0.575 in one seed at 10. Elsewhere atomic APT was faster to the bar (regression)."""
         return None if amortized or combined_loss else task.sequential_truncate

@@ -38,8 +38,8 @@ AMORTIZED_RECIPE = {
     "epsilon_margin": 2.0,
 }
 #: The posterior mass at which SIR's sequential SPPE fit truncates its proposals (TSNPE,
-#: :attr:`~dpsbi.tasks.base.Task.sequential_truncate`): atomic APT leaked tails here (posterior sd up to 2x the
-#: reference's at C2ST 0.52-0.53); truncated proposals keep each sd within 0.89-1.11x at epsilon 0.1 and 1, 1.03-1.42x
+#: :attr:`~dpsbi.tasks.base.Task.sequential_truncate`): atomic APT leaked tails here (posterior sd 1.1-3.0x the
+#: reference's at C2ST 0.52-0.58); truncated proposals keep each sd within 0.89-1.11x at epsilon 0.1 and 1, 1.03-1.42x
 #: at 10 (three seeds each; docs/RESULTS.md, "SIR's wide tails").
 SEQUENTIAL_TRUNCATE = 1e-4
 #: Observed infected fractions of real outbreaks (not releases of the mechanism), with their provenance:
