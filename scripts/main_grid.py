@@ -7,7 +7,8 @@
 first reached C2ST <= 0.55), replacing the row of the same cell (task, epsilon, method, seed) already in the file,
 whichever sweep directory either ran in; ``report`` prints the table, mean and
 spread over seeds per task, epsilon and method, and draws C2ST against CPU time; ``report --runs`` prints one row
-per run with each parameter's sd and 95 % width against the reference's.
+per run with each parameter's sd and 95 % width against the reference's (several rows files: a column names
+each run's), its figure each run's sd ratio against epsilon.
 """
 
 from __future__ import annotations
@@ -114,12 +115,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def parameter_names(rows: list[dict]) -> list[str]:
+    """The parameters whose sd ratio some row records (``sd_ratio[name]``), in first-seen order."""
+    prefix = PER_PARAMETER[0]
+    return list(dict.fromkeys(k[len(prefix) : -1] for r in rows for k in r if k.startswith(prefix)))
+
+
 def run_table(rows: list[dict]) -> str:
-    """Markdown table, one row per run: task, epsilon, method, seed, C2ST, CPU seconds, and each parameter's
-    posterior sd and central 95 % width over the reference's (where the run recorded them)."""
-    names = list(
-        dict.fromkeys(k[len("sd_ratio[") : -1] for r in rows for k in r if k.startswith("sd_ratio["))
-    )
+    """Markdown table, one row per run: its rows file (``source``, where several were read), task, epsilon,
+    method, seed, C2ST, CPU seconds, and each parameter's posterior sd and central 95 % width over the
+    reference's (where the run recorded them)."""
+    names, sources = parameter_names(rows), any("source" in r for r in rows)
 
     def ratios(row: dict, metric: str) -> str:
         return ", ".join(
@@ -127,15 +133,41 @@ def run_table(rows: list[dict]) -> str:
         )
 
     lines = [
-        f"| task | epsilon | method | seed | C2ST | CPU s | sd ratio ({', '.join(names)}) | 95 % width ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        ("| rows " if sources else "")
+        + f"| task | epsilon | method | seed | C2ST | CPU s | sd ratio ({', '.join(names)}) | 95 % width ratio |",
+        ("|---" if sources else "") + "|---|---|---|---|---|---|---|---|",
     ]
-    for row in sorted(rows, key=key):
+    for row in sorted(rows, key=lambda r: (r.get("source", ""), *key(r))):
         lines.append(
-            f"| {row['task']} | {float(row['epsilon']):g} | {row['method']} | {row['seed']} | {row['c2st']:.3f} | "
+            (f"| {row['source']} " if sources else "")
+            + f"| {row['task']} | {float(row['epsilon']):g} | {row['method']} | {row['seed']} | {row['c2st']:.3f} | "
             f"{row['cpu_time']:.0f} | {ratios(row, 'sd_ratio')} | {ratios(row, 'width95_ratio')} |"
         )
     return "\n".join(lines)
+
+
+def plot_ratios(rows: list[dict], path: Path) -> None:
+    """One panel per parameter: each run's posterior sd over the reference's against epsilon, colored by its
+    rows file (or method); shaded: within 15 %."""
+    names = parameter_names(rows)
+    groups_of = sorted({r.get("source", r["method"]) for r in rows})
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 2.8), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], names):
+        for i, group in enumerate(groups_of):
+            runs = [r for r in rows if r.get("source", r["method"]) == group and f"sd_ratio[{name}]" in r]
+            x = [float(r["epsilon"]) * 1.08 ** (i - (len(groups_of) - 1) / 2) for r in runs]
+            ax.scatter(x, [r[f"sd_ratio[{name}]"] for r in runs], s=14, color=f"C{i}", label=group)
+        ax.axhspan(0.85, 1.15, color="k", alpha=0.08)
+        ax.axhline(1.0, color="k", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("epsilon")
+    axes[0][0].set_ylabel("posterior sd / reference's")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -168,20 +200,26 @@ def main(argv: list[str] | None = None) -> None:
     c = commands.add_parser("collect", help="add the finished runs below directories to a rows file")
     c.add_argument("sweeps", nargs="+", type=Path)
     c.add_argument("--out", type=Path, required=True)
-    r = commands.add_parser("report", help="the table (and figure) from a rows file")
-    r.add_argument("rows", type=Path)
+    r = commands.add_parser("report", help="the table (and figure) from rows files")
+    r.add_argument("rows", type=Path, nargs="+")
     r.add_argument("--figure", type=Path)
     r.add_argument(
-        "--runs", action="store_true", help="one row per run, with each parameter's sd and width ratio"
+        "--runs",
+        action="store_true",
+        help="one row per run, with each parameter's sd and width ratio (the figure: sd ratio against epsilon)",
     )
     args = parser.parse_args(argv)
     if args.command == "collect":
         collect(args.sweeps, args.out)
         return
-    rows = read_jsonl(args.rows)
+    rows = [
+        {**row, **({"source": path.stem} if len(args.rows) > 1 else {})}
+        for path in args.rows
+        for row in read_jsonl(path)
+    ]
     print(run_table(rows) if args.runs else table(rows))
     if args.figure:
-        plot(rows, args.figure)
+        (plot_ratios if args.runs else plot)(rows, args.figure)
 
 
 if __name__ == "__main__":
