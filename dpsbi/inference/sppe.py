@@ -50,8 +50,8 @@ class SPPE(SequentialEstimator):
     draws by the plain loss ``-log q(theta | y)``, at no extra flow evaluation. The atomic loss compares ``q`` only
     at the atoms, so it leaves ``q``'s mass elsewhere free; on SIR at epsilon 1 that leaked mass shows as tails
     that make the sd 1.2-2.0x the reference's while the central 95 % width is right (docs/RESULTS.md, "SIR's
-    wide tails"); with it, 1.1-1.3x (``truncate`` removes them: 0.9-1.05x). Off by default: SIR truncates
-    instead.
+    wide tails"); with it, 1.1-1.3x (``truncate`` removes them: 0.89-1.11x at epsilon 0.1 and 1 in three seeds).
+    Off by default: SIR truncates instead.
 
     ``widening`` (a :class:`~dpsbi.inference.widening.Widening`, a dict of its fields, ``True`` for its defaults,
     ``False`` for none; amortized fits on Laplace or Gaussian noise): each coordinate of a training release takes
