@@ -165,9 +165,7 @@ def plot_ratios(rows: list[dict], path: Path) -> None:
     axes[0][0].set_ylabel("posterior sd / reference's")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -189,6 +187,11 @@ def plot(rows: list[dict], path: Path) -> None:
     handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
     fig.tight_layout(rect=(0, 0, 0.9, 1))
+    save(fig, path)
+
+
+def save(fig: plt.Figure, path: Path) -> None:
+    """Write ``fig`` to ``path`` (its folder made) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -217,6 +220,10 @@ def main(argv: list[str] | None = None) -> None:
         for path in args.rows
         for row in read_jsonl(path)
     ]
+    if args.runs and not parameter_names(rows):
+        parser.error(
+            "report --runs: no run in these rows records per-parameter sd ratios (sd_ratio[name]); collect them again"
+        )
     print(run_table(rows) if args.runs else table(rows))
     if args.figure:
         (plot_ratios if args.runs else plot)(rows, args.figure)
