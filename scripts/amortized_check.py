@@ -28,15 +28,24 @@ one per task for the fit; a task whose fit line is in the file is skipped (a kil
 ``--task-options`` change the fitted task only (SIR's tau-leaping simulator, as scripts/privacy_utility.py's do):
 the releases, calibration pairs and references it is scored at stay the task's defaults.
 With ``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed fit resumes there) and is saved
-as ``DIR/<task>.pt``; a fit found there is scored again without training (``scripts/frontier.py``'s ``amortized_fit``).
+as ``DIR/<task>.pt`` (``DIR/<task>_sple/`` and ``DIR/<task>_sple.pt`` for ``--method sple``); a fit found there is
+scored again without training (``scripts/frontier.py``'s ``amortized_fit``).
 With ``--importance N`` each release is also scored after importance sampling corrects the flow's draws
 (``dpsbi.baselines.corrected``, N proposals in two stages, ``--adapt``; the row's ``importance``): C2ST, spreads,
 mean shift, the effective sample sizes (both stages' and the first's) and the CPU seconds per release. SBC and TARP
 stay the flow's; with ``--importance-calibration M`` they are also run on the corrected draws (M proposals a
 pair, over the same ``--pairs``; the row's ``importance_calibration``).
 
+``--method sple`` fits and scores ``SPLE(task, amortized=True, epsilon_range=RANGE)`` instead: a likelihood flow
+whose posterior is drawn by the slice sampler of its ``mcmc`` settings (``--overrides`` sets them, e.g.
+``{"mcmc": {"num_chains": 20, "warmup": 5}}`` for a smoke test), every release's chains in one batched run; the
+cost columns then time MCMC. Its rows carry ``"method": "sple"`` (SPPE's carry none), a file may hold both
+methods' fits of a task (each resumes on its own), and ``--importance`` / ``--importance-calibration``, which
+correct a posterior flow's draws, are refused. SPLE takes no task recipe (``task.amortized_recipe`` is SPPE's).
+
     .venv/bin/python scripts/amortized_check.py --out results/amortized_check.jsonl
     .venv/bin/python scripts/amortized_check.py --tasks poisson_counts --rounds 1 --releases 3 --pairs 20 --out /tmp/a.jsonl
+    .venv/bin/python scripts/amortized_check.py --method sple --tasks naive_bayes --out results/amortized_check_sple.jsonl
 """
 
 from __future__ import annotations
@@ -259,15 +268,23 @@ def accuracy(posterior, at, arguments: dict, k: int, args: argparse.Namespace) -
 def check(name: str, args: argparse.Namespace) -> None:
     arguments, (low, high), scored = TASKS[name]
     task = load({**arguments, **args.task_options}, (low * high) ** 0.5)
-    posterior, times = amortized_fit(task, (low, high), args, name, seed=args.seed)
-    fit = {"task": name, "seed": args.seed, "rounds": args.rounds, "overrides": args.overrides, **times}
+    posterior, times = amortized_fit(task, (low, high), args, name, seed=args.seed, estimator=args.method)
+    method = {} if args.method == "sppe" else {"method": args.method}  # SPPE's rows as before the option
+    fit = {
+        "task": name,
+        **method,
+        "seed": args.seed,
+        "rounds": args.rounds,
+        "overrides": args.overrides,
+        **times,
+    }
     if args.task_options:
         fit["task_options"] = args.task_options
     for k, epsilon in enumerate(scored):
         if args.epsilons and epsilon not in args.epsilons:
             continue
         at = load(arguments, epsilon)
-        row = {"task": name, "epsilon": epsilon, "epsilon_range": list(posterior.epsilon_range)}
+        row = {"task": name, **method, "epsilon": epsilon, "epsilon_range": list(posterior.epsilon_range)}
         if args.releases:
             row.update(accuracy(posterior, at, arguments, k, args))
         row.update(calibration(at, posterior, args.pairs, seed=200 + k))
@@ -289,15 +306,23 @@ def append(path: Path, row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
-def finished(path: Path) -> set[str]:
+def finished(path: Path) -> set[tuple[str, str]]:
+    """The ``(task, method)`` of every fit line in ``path`` (rows without a method are SPPE's)."""
     if not path.exists():
         return set()
-    return {r["task"] for r in map(json.loads, path.read_text().splitlines()) if r.get("fit_done")}
+    rows = map(json.loads, path.read_text().splitlines())
+    return {(r["task"], r.get("method", "sppe")) for r in rows if r.get("fit_done")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS))
+    parser.add_argument(
+        "--method",
+        choices=("sppe", "sple"),
+        default="sppe",
+        help="the amortized estimator fitted and scored (sple: a likelihood flow sampled by slice sampling)",
+    )
     parser.add_argument(
         "--releases", type=int, default=20, help="prior-predictive releases per epsilon (0: calibration only)"
     )
@@ -308,7 +333,7 @@ def main() -> None:
         "--overrides",
         type=json.loads,
         default={},
-        help="SPPE arguments over the library's defaults as JSON (a smoke test: '{\"sims_per_round\": 50}')",
+        help="estimator arguments over the library's defaults as JSON (a smoke test: '{\"sims_per_round\": 50}')",
     )
     parser.add_argument(
         "--reference",
@@ -361,10 +386,14 @@ def main() -> None:
             f"--pairs must be at least 10 (sbi's TARP bins its coverage in pairs // 10 bins, its SBC check "
             f"cross-validates a classifier in 5 folds), got {args.pairs}"
         )
+    if args.method == "sple" and (args.importance or args.importance_calibration):
+        parser.error(
+            "--importance and --importance-calibration correct a posterior flow's draws: --method sppe only"
+        )
     torch.set_num_threads(1)
     done = finished(args.out)
     for name in args.tasks:
-        if name not in done:
+        if (name, args.method) not in done:
             check(name, args)
 
 

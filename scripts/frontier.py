@@ -127,25 +127,48 @@ def reference_for(task, task_config: dict, settings: dict | None = None):
     )
 
 
+#: ``--method`` names: the estimators a run (and :func:`amortized_fit`) builds.
+ESTIMATORS = {
+    "sppe": dpsbi.SPPE,
+    "sple": dpsbi.SPLE,
+    "tsppe": functools.partial(dpsbi.SPPE, truncate=TRUNCATE),
+}
+
+
 def amortized_fit(
-    task, epsilon_range: tuple[float, float], args: argparse.Namespace, name: str, seed: int = 0
+    task,
+    epsilon_range: tuple[float, float],
+    args: argparse.Namespace,
+    name: str,
+    seed: int = 0,
+    estimator="sppe",
 ) -> tuple:
-    """One epsilon-amortized SPPE fit of ``task`` and its times, for scripts that score such fits. With
-    ``args.posteriors`` it checkpoints its rounds to ``<posteriors>/<name>/`` (a killed fit resumes there), is saved
-    as ``<posteriors>/<name>.pt``, and one saved there before is loaded instead of trained (its times are
-    ``{"loaded": path}``). ``args.rounds`` (when set) and ``args.overrides`` are the estimator's arguments."""
-    saved = None if args.posteriors is None else args.posteriors / f"{name}.pt"
+    """One epsilon-amortized fit of ``task`` by ``estimator`` (a name in :data:`ESTIMATORS`, or an estimator class
+    such as ``dpsbi.SPLE``; default SPPE) and its times, for scripts that score such fits. With ``args.posteriors``
+    it checkpoints its rounds to ``<posteriors>/<key>/`` (a killed fit resumes there), is saved as
+    ``<posteriors>/<key>.pt``, and one saved there before is loaded instead of trained (its times are
+    ``{"loaded": path}``); ``key`` is ``name`` for SPPE (the files written before other estimators were taken) and
+    ``<name>_<method>`` otherwise (``naive_bayes_sple``), so that one estimator's file is never loaded as another's.
+    ``args.rounds`` (when set) and ``args.overrides`` are the estimator's arguments."""
+    method = estimator if isinstance(estimator, str) else estimator.method.lower()
+    build = ESTIMATORS[estimator] if isinstance(estimator, str) else estimator
+    key = name if method == "sppe" else f"{name}_{method}"
+    saved = None if args.posteriors is None else args.posteriors / f"{key}.pt"
     if saved is not None and saved.is_file():
-        return dpsbi.load_posterior(saved, task=task), {"loaded": str(saved)}
+        posterior = dpsbi.load_posterior(saved, task=task)
+        expected = getattr(build, "func", build).method  # tsppe's partial builds an SPPE
+        if posterior.method != expected:
+            raise SystemExit(f"{saved} holds a {posterior.method} fit, not the {expected} fit asked for")
+        return posterior, {"loaded": str(saved)}
     wall, cpu = time.perf_counter(), time.process_time()
     settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}
-    posterior = dpsbi.SPPE(
+    posterior = build(
         task,
         amortized=True,
         epsilon_range=epsilon_range,
         progress=False,
         seed=seed,
-        checkpoint_dir=None if saved is None else args.posteriors / name,
+        checkpoint_dir=None if saved is None else args.posteriors / key,
         **settings,
     ).run()
     if saved is not None:
@@ -181,11 +204,7 @@ def run(args: argparse.Namespace) -> None:
     reference = reference_for(task, task_config, args.reference)
     print(f"reference: {reference.note}", flush=True)
     finished = done(args.out)
-    estimator = {
-        "sppe": dpsbi.SPPE,
-        "sple": dpsbi.SPLE,
-        "tsppe": functools.partial(dpsbi.SPPE, truncate=TRUNCATE),
-    }[args.method]
+    estimator = ESTIMATORS[args.method]
     configs = (
         [{}]
         if args.defaults

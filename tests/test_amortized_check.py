@@ -1,6 +1,8 @@
 """scripts/amortized_check.py's references where a task has no exact posterior (regression): the validated
 sampler run at each prior-predictive release, not at the task's stored one."""
 
+import json
+
 import amortized_check  # scripts/ is on the tests' path (pyproject.toml)
 import torch
 from frontier import reference_for
@@ -26,3 +28,14 @@ def test_regression_references_follow_the_release(tmp_path, monkeypatch):
     # cached by release: a second fit scored there gets the same draws without sampling again
     assert list(tmp_path.rglob("*.pt"))
     assert torch.equal(amortized_check.exact_draws(task, arguments, y, 1000, 0, TINY).double(), other)
+
+
+def test_a_fit_line_skips_only_its_own_method(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    rows = [
+        {"task": "naive_bayes", "fit_done": True},  # SPPE's, written before --method existed
+        {"task": "conjugate_gaussian", "method": "sple", "fit_done": True},
+        {"task": "poisson_counts", "method": "sple", "epsilon": 0.5},  # a scored row of an unfinished fit
+    ]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert amortized_check.finished(out) == {("naive_bayes", "sppe"), ("conjugate_gaussian", "sple")}
