@@ -141,18 +141,17 @@ def amortized_fit(
     args: argparse.Namespace,
     name: str,
     seed: int = 0,
-    estimator="sppe",
+    estimator: str = "sppe",
 ) -> tuple:
-    """One epsilon-amortized fit of ``task`` by ``estimator`` (a name in :data:`ESTIMATORS`, or an estimator class
-    such as ``dpsbi.SPLE``; default SPPE) and its times, for scripts that score such fits. With ``args.posteriors``
-    it checkpoints its rounds to ``<posteriors>/<key>/`` (a killed fit resumes there), is saved as
-    ``<posteriors>/<key>.pt``, and one saved there before is loaded instead of trained (its times are
-    ``{"loaded": path}``); ``key`` is ``name`` for SPPE (the files written before other estimators were taken) and
-    ``<name>_<method>`` otherwise (``naive_bayes_sple``), so that one estimator's file is never loaded as another's.
-    ``args.rounds`` (when set) and ``args.overrides`` are the estimator's arguments."""
-    method = estimator if isinstance(estimator, str) else estimator.method.lower()
-    build = ESTIMATORS[estimator] if isinstance(estimator, str) else estimator
-    key = name if method == "sppe" else f"{name}_{method}"
+    """One epsilon-amortized fit of ``task`` by ``estimator`` (a name in :data:`ESTIMATORS`) and its times, for
+    scripts that score such fits. With ``args.posteriors`` it checkpoints its rounds to ``<posteriors>/<key>/`` (a
+    killed fit resumes there), is saved as ``<posteriors>/<key>.pt``, and one saved there before is loaded instead
+    of trained (its times are ``{"loaded": path}``); ``key`` is ``name`` for SPPE (the files written before other
+    estimators were taken) and ``<name>_<estimator>`` otherwise (``naive_bayes_sple``), so that one estimator's
+    file is never loaded as another's. ``args.rounds`` (when set) and ``args.overrides`` are the estimator's
+    arguments."""
+    build = ESTIMATORS[estimator]
+    key = name if estimator == "sppe" else f"{name}_{estimator}"
     saved = None if args.posteriors is None else args.posteriors / f"{key}.pt"
     if saved is not None and saved.is_file():
         posterior = dpsbi.load_posterior(saved, task=task)
