@@ -102,11 +102,11 @@ def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_
 
 
 def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one_argument_away():
-    """SIR's sequential SPPE fit is TSNPE at 1e-4 where the call leaves ``truncate`` out (``Task.sequential_truncate``,
+    """SIR's sequential SPPE fit is TSNPE at 1e-4 where the call leaves ``truncate`` out (``Task.sequential_recipe``,
     docs/RESULTS.md "SIR's wide tails"); ``truncate=False``, the combined loss, an amortized fit and the paper's
     settings are atomic APT, and a task without its own default stays atomic."""
     sir = dpsbi.tasks.load("sir")
-    assert sir.sequential_truncate == 1e-4
+    assert sir.sequential_recipe["truncate"] == 1e-4
     default = dpsbi.SPPE(sir)
     assert default.truncate == 1e-4 and default.options()["truncate"] == 1e-4 and default.atoms_of(1) == 1
     assert dpsbi.SPPE(sir, truncate=1e-3).truncate == 1e-3
@@ -119,6 +119,25 @@ def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one
     ):
         assert atomic.truncate is None and "truncate" not in atomic.options()
     assert dpsbi.SPPE(sir, truncate=False).atoms_of(1) == 10
+
+
+def test_a_tasks_sequential_recipe_fills_what_the_call_leaves_out():
+    """``Task.sequential_recipe``: its ``truncate`` where the call leaves ``truncate`` out, its ``training`` fields
+    under the call's where the call keeps the generic schedule (no ``rounds`` or ``sims_per_round``), neither for
+    an amortized fit; a misspelt key is refused instead of leaving the fit on the generic defaults."""
+    task = dpsbi.tasks.load("regression")
+    task.sequential_recipe = {"truncate": 1e-3, "training": {"max_steps": 7, "weight_decay": 0.0}}
+    fit = dpsbi.SPPE(task)
+    assert fit.truncate == 1e-3 and fit.rounds == 10
+    assert (fit.training.max_steps, fit.training.weight_decay, fit.training.lr) == (7, 0.0, 1e-3)
+    assert dpsbi.SPPE(task, training=dict(max_steps=9)).training.max_steps == 9  # the call's field first
+    own = dpsbi.SPPE(task, rounds=3)  # a schedule of its own: the generic training, the recipe's truncation
+    assert (own.training.max_steps, own.training.weight_decay, own.truncate) == (1000, 1e-4, 1e-3)
+    amortized = dpsbi.SPPE(task, amortized=True, rounds=1, sims_per_round=1000)
+    assert amortized.truncate is None and amortized.training.max_steps == 1000
+    task.sequential_recipe = {"truncation": 1e-3}
+    with pytest.raises(ValueError, match=r"sequential_recipe has unknown keys \['truncation'\]"):
+        dpsbi.SPPE(task)
 
 
 def test_sple_matches_the_exact_private_posterior(task, exact):

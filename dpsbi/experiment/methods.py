@@ -198,7 +198,7 @@ def chain_summary(state: Any, num_samples: int, seed: int) -> dict[str, float | 
 def estimator_arguments(method: Method, settings: dict) -> dict:
     """``settings`` (a run's, every field spelled out) as a call would give them: ``training`` fields at the
     estimator's defaults left out, so that the estimator chooses them per fit as the library does (a task's
-    amortized recipe, :meth:`dpsbi.SPPE.resolve_arguments`)."""
+    recipes, :meth:`dpsbi.SPPE.resolve_arguments`)."""
     defaults = method.load().defaults()["training"]
     training = {
         k: v for k, v in settings.get("training", {}).items() if k not in defaults or defaults[k] != v

@@ -19,8 +19,11 @@ from .widening import ReleaseRatio, Widening, fit_release_ratio, widened_loss, w
 #: 46 cells and 3 parameters at 10 rounds of 100 000 (49 million) held 1.75 GB in the last round, 3.85 GB at the
 #: peak of fit and scoring (docs/RESULTS.md, "Simulations that are cheap: a million for an amortized fit").
 AMORTIZED_STORED_NUMBERS = 50_000_000
-#: Rounds where the call leaves them out and the task has no amortized recipe (:meth:`SPPE.resolve_arguments`).
+#: Rounds where the call leaves them out and the task's recipe has none (:meth:`SPPE.resolve_arguments`).
 ROUNDS = 10
+#: What a task's ``amortized_recipe`` and ``sequential_recipe`` may set (:meth:`SPPE.recipe`).
+AMORTIZED_RECIPE_KEYS = frozenset({"rounds", "sims_per_round", "training", "task_options", "epsilon_margin"})
+SEQUENTIAL_RECIPE_KEYS = frozenset({"truncate", "training"})
 
 
 class SPPE(SequentialEstimator):
@@ -164,24 +167,24 @@ class SPPE(SequentialEstimator):
         sims_per_round: int | None,
         kwargs: dict,
     ) -> tuple[Task, dict, int, int, dict]:
-        """The call's left-out arguments filled in: ``(task, task_options, rounds, sims_per_round, kwargs)``.
-        For an amortized fit of a task with a recipe (``task.amortized_recipe``): its ``task_options`` (the task
-        rebuilt with them: :func:`~dpsbi.tasks.with_options`), its ``epsilon_margin`` where the call gives
-        ``epsilon_range``, and, where the call leaves out both ``rounds`` and ``sims_per_round``, its
-        ``rounds``, ``sims_per_round`` and ``training`` fields (under the call's ``training`` dict; a
-        :class:`TrainingSettings` replaces them). Else :data:`ROUNDS` rounds and
-        :meth:`default_sims_per_round`."""
+        """The call's left-out arguments filled in: ``(task, task_options, rounds, sims_per_round, kwargs)``,
+        from the task's recipe for the fit (:meth:`recipe`). An amortized recipe gives ``task_options`` (the task
+        rebuilt with them: :func:`~dpsbi.tasks.with_options`) and its ``epsilon_margin`` where the call gives
+        ``epsilon_range``; where the call leaves out both ``rounds`` and ``sims_per_round``, either recipe's
+        ``rounds``, ``sims_per_round`` and ``training`` fields apply (under the call's ``training`` dict; a
+        :class:`TrainingSettings` replaces them). Else :data:`ROUNDS` rounds and :meth:`default_sims_per_round`."""
         kwargs = dict(kwargs)
         amortized = bool(kwargs.get("amortized", False))
-        recipe = task.amortized_recipe if amortized else {}
+        recipe = cls.recipe(task, amortized)
         task_options = dict(recipe.get("task_options", {}) if task_options is None else task_options)
         task = with_options(task, task_options)
         if kwargs.get("epsilon_margin") is None and kwargs.get("epsilon_range") is not None:
             kwargs["epsilon_margin"] = recipe.get("epsilon_margin")
-        if rounds is None and sims_per_round is None and "rounds" in recipe:
-            rounds, sims_per_round = recipe["rounds"], recipe["sims_per_round"]
-            training = {**cls.training_defaults, **recipe.get("training", {})}
-            kwargs["training"] = TrainingSettings.coerce(kwargs.get("training"), training)
+        if rounds is None and sims_per_round is None:
+            rounds, sims_per_round = recipe.get("rounds"), recipe.get("sims_per_round")
+            if "training" in recipe:
+                training = {**cls.training_defaults, **recipe["training"]}
+                kwargs["training"] = TrainingSettings.coerce(kwargs.get("training"), training)
         rounds = ROUNDS if rounds is None else rounds
         if sims_per_round is None:
             sims_per_round = cls.default_sims_per_round(amortized, task, rounds)
@@ -209,14 +212,32 @@ class SPPE(SequentialEstimator):
         return min(100_000, max(10_000, fits))
 
     @staticmethod
-    def default_truncate(amortized: bool, combined_loss: bool, task: Task) -> float | None:
-        """``truncate`` where the call leaves it out: the task's ``sequential_truncate`` for a fit at ``y_obs``
-        without ``combined_loss`` (SIR: 1e-4), else ``None``, atomic APT (an amortized fit draws from the prior).
-        Measured on SIR at its stored releases at epsilon 0.1 / 1 / 10, three seeds each (docs/RESULTS.md, "SIR's
-        wide tails"): atomic APT's posterior sd ran 1.1-3.0x the reference's (leaked tails, at C2ST 0.52-0.58),
-        truncated proposals' 0.89-1.11x at 0.1 and 1 and 1.03-1.42x at 10, in about two thirds of the CPU time;
-        C2ST 0.514-0.544, 0.575 in one seed at 10. Elsewhere atomic APT was faster to the bar (regression)."""
-        return None if amortized or combined_loss else task.sequential_truncate
+    def recipe(task: Task, amortized: bool) -> dict:
+        """The task's own recipe for the fit (``task.amortized_recipe`` or ``task.sequential_recipe``), its keys
+        checked: a misspelt one would silently leave the fit on the generic defaults."""
+        recipe, keys = (
+            (task.amortized_recipe, AMORTIZED_RECIPE_KEYS)
+            if amortized
+            else (task.sequential_recipe, SEQUENTIAL_RECIPE_KEYS)
+        )
+        unknown = sorted(set(recipe) - keys)
+        if unknown:
+            kind = "amortized" if amortized else "sequential"
+            raise ValueError(
+                f"task {task.name!r}: its {kind}_recipe has unknown keys {unknown}; it takes {sorted(keys)}"
+            )
+        return recipe
+
+    @classmethod
+    def default_truncate(cls, amortized: bool, combined_loss: bool, task: Task) -> float | None:
+        """``truncate`` where the call leaves it out: the ``truncate`` of the task's sequential recipe for a fit
+        at ``y_obs`` without ``combined_loss`` (SIR: 1e-4), else ``None``, atomic APT (an amortized fit draws from
+        the prior). Measured on SIR at its stored releases at epsilon 0.1 / 1 / 10, three seeds each
+        (docs/RESULTS.md, "Truncated proposals on SIR"): atomic APT's posterior sd ran 1.1-3.0x the reference's
+        (leaked tails, at C2ST 0.52-0.58), truncated proposals' 0.89-1.11x at 0.1 and 1 and 1.03-1.42x at 10, in
+        about two thirds of the CPU time; C2ST 0.514-0.544, 0.575 in one seed at 10. Elsewhere atomic APT was
+        faster to the bar (regression)."""
+        return None if amortized or combined_loss else cls.recipe(task, False).get("truncate")
 
     @staticmethod
     def default_widening(amortized: bool, task: Task) -> bool:

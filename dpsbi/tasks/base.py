@@ -77,10 +77,13 @@ class Task:
     #: (:meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`); empty: the generic amortized defaults (SIR's: its
     #: factory, docs/RESULTS.md "SIR's amortized default").
     amortized_recipe: dict = field(default_factory=dict)
-    #: The posterior mass a sequential SPPE fit at ``y_obs`` truncates its proposals at by default (TSNPE,
-    #: :meth:`~dpsbi.inference.sppe.SPPE.default_truncate`) where atomic APT's leaked tails were measured (SIR:
-    #: its factory, docs/RESULTS.md "SIR's wide tails"); ``None``: atomic APT.
-    sequential_truncate: float | None = None
+    #: The task's own measured recipe for a sequential SPPE fit at ``y_obs``: ``truncate`` (the TSNPE posterior
+    #: mass its later rounds cut the prior at, where atomic APT's leaked tails were measured:
+    #: :meth:`~dpsbi.inference.sppe.SPPE.default_truncate`) and ``training`` (:class:`~dpsbi.inference.training.TrainingSettings` fields
+    #: under the call's, where it leaves out ``rounds`` and ``sims_per_round``), applied by
+    #: :meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`; empty: atomic APT on the generic schedule (SIR's: its
+    #: factory, docs/RESULTS.md "Truncated proposals on SIR").
+    sequential_recipe: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.parameter_names and len(getattr(self.prior, "event_shape", ())) == 1:

@@ -37,11 +37,12 @@ AMORTIZED_RECIPE = {
     "task_options": {"simulator": "tau_leap"},
     "epsilon_margin": 2.0,
 }
-#: The posterior mass at which SIR's sequential SPPE fit truncates its proposals (TSNPE,
-#: :attr:`~dpsbi.tasks.base.Task.sequential_truncate`): atomic APT leaked tails here (posterior sd 1.1-3.0x the
-#: reference's at C2ST 0.52-0.58); truncated proposals keep each sd within 0.89-1.11x at epsilon 0.1 and 1, 1.03-1.42x
-#: at 10 (three seeds each; docs/RESULTS.md, "SIR's wide tails").
-SEQUENTIAL_TRUNCATE = 1e-4
+#: SIR's sequential SPPE fit at ``y_obs`` where the call leaves these out
+#: (:attr:`~dpsbi.tasks.base.Task.sequential_recipe`): proposals cut at posterior mass 1e-4 (TSNPE): atomic APT
+#: leaked tails here (posterior sd 1.1-3.0x the reference's at C2ST 0.52-0.58); truncated proposals keep each sd
+#: within 0.89-1.11x at epsilon 0.1 and 1, 1.03-1.42x at 10 (three seeds each; docs/RESULTS.md, "Truncated
+#: proposals on SIR").
+SEQUENTIAL_RECIPE = {"truncate": 1e-4}
 #: Observed infected fractions of real outbreaks (not releases of the mechanism), with their provenance:
 #: ``dpsbi/data/outbreaks`` (its README says what each series measures and where it was cut).
 OUTBREAKS = {
@@ -149,7 +150,7 @@ def make(
         TRUE_THETA,
         True,
     )
-    task.sequential_truncate = SEQUENTIAL_TRUNCATE
+    task.sequential_recipe = dict(SEQUENTIAL_RECIPE)
     task.amortized_recipe = {
         **AMORTIZED_RECIPE,
         "task_options": {} if simulator == "tau_leap" else AMORTIZED_RECIPE["task_options"],
