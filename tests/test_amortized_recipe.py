@@ -35,7 +35,7 @@ def test_sir_amortized_default_is_its_recipe():
     assert fit.epsilon_range == (0.1, 10) and fit.training_epsilon_range == (0.05, 20)
     assert fit.options()["task_options"] == {"simulator": "tau_leap"}
     # not amortized, the fit at y_obs: the generic defaults on the exact simulator
-    sequential = dpsbi.SPPE(load("sir"), progress=False)
+    sequential = dpsbi.SPPE(load("sir"), progress=False)  # its sequential recipe: only truncation and steps
     assert (sequential.rounds, sequential.sims_per_round, sequential.training.lr) == (10, 1000, 1e-3)
     assert sequential.task.costly_simulator and sequential.task_options == {}
     # loaded as tau-leaping, the recipe is the same fit without rebuilding the task

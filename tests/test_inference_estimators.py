@@ -119,6 +119,11 @@ def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one
     ):
         assert atomic.truncate is None and "truncate" not in atomic.options()
     assert dpsbi.SPPE(sir, truncate=False).atoms_of(1) == 10
+    # and 2000 steps a round: the default is the fit measured as truncation plus max_steps=2000 (RESULTS)
+    measured = dpsbi.tasks.load("sir")
+    measured.sequential_recipe = {"truncate": 1e-4}
+    assert default.training.max_steps == 2000
+    assert default.fingerprint() == dpsbi.SPPE(measured, training=dict(max_steps=2000)).fingerprint()
 
 
 def test_a_tasks_sequential_recipe_fills_what_the_call_leaves_out():

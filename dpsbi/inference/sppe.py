@@ -83,7 +83,7 @@ class SPPE(SequentialEstimator):
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
     rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one
     plain-MC release per simulation at every step (an atomic step at M = 8 costs ~6x more and bought no accuracy
-    per second there), 1000 gradient steps a round with a cosine
+    per second there), 1000 gradient steps a round (SIR's sequential recipe: 2000) with a cosine
     learning rate from 1e-3. :meth:`paper` gives the paper's settings (M = 32 RQMC, open-ended rounds).
     """
 

@@ -38,11 +38,13 @@ AMORTIZED_RECIPE = {
     "epsilon_margin": 2.0,
 }
 #: SIR's sequential SPPE fit at ``y_obs`` where the call leaves these out
-#: (:attr:`~dpsbi.tasks.base.Task.sequential_recipe`): proposals cut at posterior mass 1e-4 (TSNPE): atomic APT
-#: leaked tails here (posterior sd 1.1-3.0x the reference's at C2ST 0.52-0.58); truncated proposals keep each sd
-#: within 0.89-1.11x at epsilon 0.1 and 1, 1.03-1.42x at 10 (three seeds each; docs/RESULTS.md, "Truncated
-#: proposals on SIR").
-SEQUENTIAL_RECIPE = {"truncate": 1e-4}
+#: (:attr:`~dpsbi.tasks.base.Task.sequential_recipe`): proposals cut at posterior mass 1e-4 (TSNPE), 2000 steps a
+#: round. Atomic APT leaked tails here (posterior sd 1.1-3.0x the reference's at C2ST 0.52-0.58); truncated
+#: proposals at 1000 steps kept each sd within 0.89-1.11x at epsilon 0.1 and 1 but 1.03-1.42x at 10, whose narrow
+#: posterior the flow was still approaching, with C2ST 0.575 in one seed; at 2000 steps C2ST 0.503-0.534 and sds
+#: 0.88-1.09x at 0.1 and 1, 1.02-1.21x at 10, in 660-794 CPU s (three seeds each; docs/RESULTS.md, "Truncated
+#: proposals on SIR" and "SIR's sequential recipe").
+SEQUENTIAL_RECIPE = {"truncate": 1e-4, "training": {"max_steps": 2000}}
 #: Observed infected fractions of real outbreaks (not releases of the mechanism), with their provenance:
 #: ``dpsbi/data/outbreaks`` (its README says what each series measures and where it was cut).
 OUTBREAKS = {
