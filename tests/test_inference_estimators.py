@@ -140,6 +140,9 @@ def test_a_tasks_sequential_recipe_fills_what_the_call_leaves_out():
     assert (own.training.max_steps, own.training.weight_decay, own.truncate) == (1000, 1e-4, 1e-3)
     amortized = dpsbi.SPPE(task, amortized=True, rounds=1, sims_per_round=1000)
     assert amortized.truncate is None and amortized.training.max_steps == 1000
+    sir = dpsbi.tasks.load("sir")  # each task its own copy: one task's recipe changed leaves the next one's
+    sir.sequential_recipe["training"]["max_steps"] = 5
+    assert dpsbi.tasks.load("sir").sequential_recipe["training"]["max_steps"] == 2000
     task.sequential_recipe = {"truncation": 1e-3}
     with pytest.raises(ValueError, match=r"sequential_recipe has unknown keys \['truncation'\]"):
         dpsbi.SPPE(task)

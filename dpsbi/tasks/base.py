@@ -79,10 +79,10 @@ class Task:
     amortized_recipe: dict = field(default_factory=dict)
     #: The task's own measured recipe for a sequential SPPE fit at ``y_obs``: ``truncate`` (the TSNPE posterior
     #: mass its later rounds cut the prior at, where atomic APT's leaked tails were measured:
-    #: :meth:`~dpsbi.inference.sppe.SPPE.default_truncate`) and ``training`` (:class:`~dpsbi.inference.training.TrainingSettings` fields
-    #: under the call's, where it leaves out ``rounds`` and ``sims_per_round``), applied by
-    #: :meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`; empty: atomic APT on the generic schedule (SIR's: its
-    #: factory, docs/RESULTS.md "Truncated proposals on SIR").
+    #: :meth:`~dpsbi.inference.sppe.SPPE.default_truncate`) and ``training``
+    #: (:class:`~dpsbi.inference.training.TrainingSettings` fields under the call's, where it leaves out ``rounds``
+    #: and ``sims_per_round``), applied by :meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`; empty: atomic APT
+    #: on the generic schedule (SIR's: its factory, docs/RESULTS.md "SIR's sequential recipe").
     sequential_recipe: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

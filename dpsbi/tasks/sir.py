@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from functools import partial
@@ -152,9 +153,9 @@ def make(
         TRUE_THETA,
         True,
     )
-    task.sequential_recipe = dict(SEQUENTIAL_RECIPE)
+    task.sequential_recipe = copy.deepcopy(SEQUENTIAL_RECIPE)
     task.amortized_recipe = {
-        **AMORTIZED_RECIPE,
+        **copy.deepcopy(AMORTIZED_RECIPE),
         "task_options": {} if simulator == "tau_leap" else AMORTIZED_RECIPE["task_options"],
     }
     return task
