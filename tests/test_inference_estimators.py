@@ -102,9 +102,10 @@ def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_
 
 
 def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one_argument_away():
-    """SIR's sequential SPPE fit is TSNPE at 1e-4 where the call leaves ``truncate`` out (``Task.sequential_recipe``,
-    docs/RESULTS.md "SIR's wide tails"); ``truncate=False``, the combined loss, an amortized fit and the paper's
-    settings are atomic APT, and a task without its own default stays atomic."""
+    """SIR's and naive Bayes' sequential SPPE fits are TSNPE at 1e-4 where the call leaves ``truncate`` out
+    (``Task.sequential_recipe``, docs/RESULTS.md "SIR's wide tails", "Naive Bayes and regression: the atomic fits'
+    spread"); ``truncate=False``, the combined loss, an amortized fit and the paper's settings are atomic APT, and a
+    task without its own default (regression) stays atomic."""
     sir = dpsbi.tasks.load("sir")
     assert sir.sequential_recipe["truncate"] == 1e-4
     default = dpsbi.SPPE(sir)
@@ -124,6 +125,12 @@ def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one
     measured.sequential_recipe = {"truncate": 1e-4}
     assert default.training.max_steps == 2000
     assert default.fingerprint() == dpsbi.SPPE(measured, training=dict(max_steps=2000)).fingerprint()
+    # naive Bayes truncates too, on the generic training: its default is the fit measured as method.truncate=0.0001
+    naive_bayes = dpsbi.SPPE(dpsbi.tasks.load("naive_bayes"))
+    assert naive_bayes.truncate == 1e-4 and naive_bayes.training.max_steps == 1000
+    explicit = dpsbi.tasks.load("naive_bayes")
+    explicit.sequential_recipe = {}
+    assert naive_bayes.fingerprint() == dpsbi.SPPE(explicit, truncate=1e-4).fingerprint()
 
 
 def test_a_tasks_sequential_recipe_fills_what_the_call_leaves_out():

@@ -31,7 +31,7 @@ class SPPE(SequentialEstimator):
 
     The first round trains on prior draws with ``-mean log q(theta_i | y_ij)``; later rounds propose from
     ``q(. | y_obs)`` and train with atomic APT (``atoms`` contrasting parameters per pair), or, where the task
-    says so (SIR), from the prior cut to that posterior's region (``truncate``, below). Each pair's
+    says so (SIR, naive Bayes), from the prior cut to that posterior's region (``truncate``, below). Each pair's
     ``inner_samples`` releases ``y_ij = G(s_i, u_ij)`` come from fresh RQMC (``qmc=True``) or MC uniforms.
     After one round the posterior is amortized (valid at any release).
 
@@ -77,7 +77,7 @@ class SPPE(SequentialEstimator):
     (estimated from ``truncation_draws`` posterior draws; at most ``max_prior_draws`` prior draws screened
     per round) and keep the first round's plain loss on all simulations: no atoms, ``atoms`` times fewer flow
     evaluations per step, no leakage; the posterior is valid inside that region. ``truncate=None`` (the default)
-    is the task's own (:meth:`default_truncate`: SIR's 1e-4, atomic APT elsewhere); ``truncate=False`` is atomic
+    is the task's own (:meth:`default_truncate`: SIR's and naive Bayes' 1e-4, atomic APT elsewhere); ``truncate=False`` is atomic
     APT on any task. See :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
@@ -231,12 +231,13 @@ class SPPE(SequentialEstimator):
     @classmethod
     def default_truncate(cls, amortized: bool, combined_loss: bool, task: Task) -> float | None:
         """``truncate`` where the call leaves it out: the ``truncate`` of the task's sequential recipe for a fit
-        at ``y_obs`` without ``combined_loss`` (SIR: 1e-4), else ``None``, atomic APT (an amortized fit draws from
-        the prior). Measured on SIR at its stored releases at epsilon 0.1 / 1 / 10, three seeds each
+        at ``y_obs`` without ``combined_loss`` (SIR and naive Bayes: 1e-4), else ``None``, atomic APT (an amortized
+        fit draws from the prior). Measured on SIR at its stored releases at epsilon 0.1 / 1 / 10, three seeds each
         (docs/RESULTS.md, "Truncated proposals on SIR"): atomic APT's posterior sd ran 1.1-3.0x the reference's
         (leaked tails, at C2ST 0.52-0.58), truncated proposals' 0.89-1.11x at 0.1 and 1 and 1.03-1.42x at 10, in
-        about two thirds of the CPU time; C2ST 0.514-0.544, 0.575 in one seed at 10. Elsewhere atomic APT was
-        faster to the bar (regression)."""
+        about two thirds of the CPU time; on naive Bayes at epsilon 10 (three seeds) C2ST 0.528-0.542 and sds
+        0.95-1.10x in 332-336 CPU s, atomic APT 0.520-0.566 and 0.96-1.17x in 571-646 s ("Naive Bayes and
+        regression: the atomic fits' spread"). Elsewhere atomic APT was faster to the bar (regression)."""
         return None if amortized or combined_loss else cls.recipe(task, False).get("truncate")
 
     @staticmethod
