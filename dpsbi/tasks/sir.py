@@ -154,10 +154,9 @@ def make(
         True,
     )
     task.sequential_recipe = copy.deepcopy(SEQUENTIAL_RECIPE)
-    task.amortized_recipe = {
-        **copy.deepcopy(AMORTIZED_RECIPE),
-        "task_options": {} if simulator == "tau_leap" else AMORTIZED_RECIPE["task_options"],
-    }
+    task.amortized_recipe = copy.deepcopy(AMORTIZED_RECIPE)
+    if simulator == "tau_leap":  # already the recipe's model
+        task.amortized_recipe["task_options"] = {}
     return task
 
 
