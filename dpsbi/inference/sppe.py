@@ -31,8 +31,8 @@ class SPPE(SequentialEstimator):
 
     The first round trains on prior draws with ``-mean log q(theta_i | y_ij)``; later rounds propose from
     ``q(. | y_obs)`` and train with atomic APT (``atoms`` contrasting parameters per pair), or, where the task
-    says so (SIR, naive Bayes), from the prior cut to that posterior's region (``truncate``, below). Each pair's
-    ``inner_samples`` releases ``y_ij = G(s_i, u_ij)`` come from fresh RQMC (``qmc=True``) or MC uniforms.
+    says so (SIR, naive Bayes), from the prior cut to that posterior's region (``truncate``, below). Each
+    pair's ``inner_samples`` releases ``y_ij = G(s_i, u_ij)`` come from fresh RQMC (``qmc=True``) or MC uniforms.
     After one round the posterior is amortized (valid at any release).
 
     ``amortized=True``: every round draws from the prior and trains with the first round's loss (plain NPE on prior
@@ -77,8 +77,8 @@ class SPPE(SequentialEstimator):
     (estimated from ``truncation_draws`` posterior draws; at most ``max_prior_draws`` prior draws screened
     per round) and keep the first round's plain loss on all simulations: no atoms, ``atoms`` times fewer flow
     evaluations per step, no leakage; the posterior is valid inside that region. ``truncate=None`` (the default)
-    is the task's own (:meth:`default_truncate`: SIR's and naive Bayes' 1e-4, atomic APT elsewhere); ``truncate=False`` is atomic
-    APT on any task. See :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
+    is the task's own (:meth:`default_truncate`: SIR's and naive Bayes' 1e-4, atomic APT elsewhere);
+    ``truncate=False`` is atomic APT on any task. See :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
     rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one
