@@ -15,8 +15,9 @@ coordinates) and C2ST accuracies against
 
 ``--releases B`` times ``posterior.sample_batched((n,), releases)`` at ``B`` prior-predictive releases (every
 release's chains in one run) against a loop of calls of ``posterior.sample`` (one run per release, what
-``sample_batched`` did before; timed on the first :data:`LOOPED` releases and scaled to ``B``), on ``--device``
-(``cpu`` or ``cuda``), with the sequential calls of each, instead of the samplers' table.
+``sample_batched`` did before; timed on the first ``--looped`` releases, default :data:`LOOPED`, and scaled to
+``B``; ``--looped 0`` leaves the loop out), on ``--device`` (``cpu`` or ``cuda``), with the sequential calls of
+each and, on CUDA, the device-to-host synchronizations of the batched run, instead of the samplers' table.
 
 ``--quick`` is a smoke test of the script, in seconds: a one-transform flow trained for one epoch on 100
 simulations, and every sampler's warm-up cut to ``QUICK_WARMUP`` steps (sbi's slice sampler still tunes for its
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_step import synchronizations
 
 import dpsbi
 from dpsbi.inference.mcmc import MCMCSettings
@@ -102,20 +104,29 @@ def diagnostics(posterior: LikelihoodPosterior, n: int, seed: int) -> dict:
     return info
 
 
-def batched(posterior: LikelihoodPosterior, releases: int, samples: int, device: str, quick: bool) -> None:
+def batched(
+    posterior: LikelihoodPosterior,
+    releases: int,
+    samples: int,
+    device: str,
+    quick: bool,
+    looped: int = LOOPED,
+) -> None:
     """Print the wall seconds and sequential density calls of ``sample_batched`` at ``releases`` prior-predictive
-    releases against one ``sample`` per release (module docstring), with the posterior's MCMC settings (their
-    warm-up cut under ``quick``)."""
+    releases against one ``sample`` per release on the first ``looped`` of them (module docstring), with the
+    posterior's MCMC settings (their warm-up cut under ``quick``)."""
     generator = torch.Generator().manual_seed(0)
     task = posterior.task
     y = task.simulate_release(task.prior.sample((releases,)), generator=generator).to(device)
     post = with_config(posterior, settled(posterior.mcmc, quick)).to(device)
     counting = Counting(post)
     timings = {}
-    for name, run in (
-        ("sample_batched, one run", lambda: post.sample_batched((samples,), y, seed=0)),
-        ("sample per release", lambda: [post.sample((samples,), y=r[None], seed=0) for r in y[:LOOPED]]),
-    ):
+    runs = [("sample_batched, one run", lambda: post.sample_batched((samples,), y, seed=0))]
+    if looped:
+        runs.append(
+            ("sample per release", lambda: [post.sample((samples,), y=r[None], seed=0) for r in y[:looped]])
+        )
+    for name, run in runs:
         run()  # warm-up (a CUDA context, kernels)
         calls = counting.calls
         if device.startswith("cuda"):
@@ -124,13 +135,15 @@ def batched(posterior: LikelihoodPosterior, releases: int, samples: int, device:
         run()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        scale = 1 if name.startswith("sample_batched") else releases / min(releases, LOOPED)
+        scale = 1 if name.startswith("sample_batched") else releases / min(releases, looped)
         timings[name] = ((time.perf_counter() - start) * scale, round((counting.calls - calls) * scale))
     print(
         f"\n{samples} draws at each of {releases} releases on {device}, {posterior.task.name}, {post.mcmc.method}"
     )
     for name, (seconds, calls) in timings.items():
         print(f"{name:28s} {seconds:8.2f} s {calls:7d} calls")
+    if device.startswith("cuda"):
+        print(f"synchronizations of one sample_batched run: {synchronizations(lambda: runs[0][1]())}")
 
 
 def main() -> None:
@@ -146,6 +159,9 @@ def main() -> None:
     )
     parser.add_argument("--releases", type=int, default=0, help="time sample_batched at this many releases")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--looped", type=int, default=LOOPED, help="releases the per-release loop is timed on (0: none)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     samplers = {name: settled(config, args.quick) for name, config in SAMPLERS.items()}
@@ -153,7 +169,7 @@ def main() -> None:
 
     posterior = trained_posterior(args.posterior, args.retrain, args.quick)
     if args.releases:
-        return batched(posterior, args.releases, args.samples, args.device, args.quick)
+        return batched(posterior, args.releases, args.samples, args.device, args.quick, args.looped)
     reference_path = args.posterior.with_suffix(".reference.pt")
     if reference_path.exists() and not args.retrain:
         reference = torch.load(reference_path)

@@ -58,6 +58,34 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def synchronizations(run) -> int:
+    """The device-to-host synchronizations ``run()`` makes on CUDA (torch's sync debug mode)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    # the first call of the debug mode also warns that it is a prototype: not a synchronization
+    return sum("synchroniz" in str(w.message) and "prototype" not in str(w.message) for w in caught)
+
+
+def kernels(run, device: torch.device, path: str, title: str, steps: int = 3) -> None:
+    """Append to ``path`` the 25 operators that take the most time (on the GPU on CUDA, else on the host) over
+    ``steps`` calls of ``run()``, under the heading ``title``: where a step's time goes."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            run()
+        _sync(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with open(path, "a") as f:
+        f.write(f"## {title}, {steps} steps\n{prof.key_averages().table(sort_by=key, row_limit=25)}\n")
+
+
 def measure(
     backend: str,
     device: str,
@@ -68,11 +96,13 @@ def measure(
     repeats: int,
     graph: bool = False,
     step: str = "regression",
+    profile: str | None = None,
 ) -> dict:
     """One row: ms per step (median and min), steps timed, the first step's seconds (compiling, when compiled),
     synchronizations per step. ``compiled``: a ``torch.compile`` mode, or ``None``; ``graph``: the step replayed
     as a CUDA graph (else eager, when not compiled); ``deterministic``: under the deterministic kernels a fit on
-    CUDA runs with (``_deterministic``)."""
+    CUDA runs with (``_deterministic``); ``profile``: a file the eager step's most costly operators are appended
+    to (:func:`kernels`)."""
     device = torch.device(device)
     estimator = _estimator(backend, batch, step)
     flow = estimator.flow.to(device)
@@ -100,17 +130,9 @@ def measure(
             state.step(data, rows)
             _sync(device)
             times.append(time.perf_counter() - start)
-        syncs = None
-        if device.type == "cuda":
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    state.step(data, rows)
-                finally:
-                    torch.cuda.set_sync_debug_mode(0)
-            # the first call of the debug mode also warns that it is a prototype: not a synchronization
-            syncs = sum("synchroniz" in str(w.message) and "prototype" not in str(w.message) for w in caught)
+        syncs = synchronizations(lambda: state.step(data, rows)) if device.type == "cuda" else None
+        if profile and not graph and compiled is None:
+            kernels(lambda: state.step(data, rows), device, profile, f"{backend} {device} batch {batch}")
     return {
         "step": step,
         "backend": backend,
@@ -155,6 +177,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", help="append each row to this JSON-lines file as it is measured")
+    parser.add_argument("--profile", help="append each eager row's costliest operators to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     plan = [(d, b, n, None, False, False) for d in args.devices for b in args.backends for n in args.sizes]
@@ -178,7 +201,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = []
     for device, backend, batch, compiled, deterministic, graph in plan:  # compiled rows (slow to build) last
         row = measure(
-            backend, device, batch, compiled, deterministic, args.warmup, args.repeats, graph, args.step
+            backend,
+            device,
+            batch,
+            compiled,
+            deterministic,
+            args.warmup,
+            args.repeats,
+            graph,
+            args.step,
+            args.profile,
         )
         print(json.dumps(row), flush=True)
         out.append(row)
