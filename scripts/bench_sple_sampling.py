@@ -126,8 +126,11 @@ def batched(
         runs.append(
             ("sample per release", lambda: [post.sample((samples,), y=r[None], seed=0) for r in y[:looped]])
         )
+    warm = y[: min(releases, 2)]
+    start = time.perf_counter()
+    post.sample_batched((samples,), warm, seed=0)  # warm-up (a CUDA context, kernels), on two releases
+    print(f"warm-up, {len(warm)} releases: {time.perf_counter() - start:.2f} s", flush=True)
     for name, run in runs:
-        run()  # warm-up (a CUDA context, kernels)
         calls = counting.calls
         if device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -143,7 +146,8 @@ def batched(
     for name, (seconds, calls) in timings.items():
         print(f"{name:28s} {seconds:8.2f} s {calls:7d} calls")
     if device.startswith("cuda"):
-        print(f"synchronizations of one sample_batched run: {synchronizations(lambda: runs[0][1]())}")
+        syncs = synchronizations(lambda: post.sample_batched((samples,), warm, seed=0))
+        print(f"synchronizations of one sample_batched run at {len(warm)} releases: {syncs}")
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
 fi
 mkdir -p "$OUT"
 log=$OUT/log.txt
+cores=$(nproc --all)  # --all: nproc alone honours OMP_NUM_THREADS (1, below)
 parts=$(mktemp -d)
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 DPSBI_CONFIG_DIR=$PWD/dpsbi/configs PYTHONPATH=$PWD
 export DPSBI_CACHE=$parts/cache
@@ -55,8 +56,7 @@ room() {  # $1: a part's timeout in seconds: true if it would end within the bud
   return 1
 }
 { nvidia-smi -L; $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-  lscpu | grep 'Model name'; nproc; } 2>&1 | tee -a "$log"
-cores=$(nproc)
+  lscpu | grep 'Model name'; echo "$cores cores"; } 2>&1 | tee -a "$log"
 pin() {  # $1: cores, rest: the command, on those cores where the machine has 8 or more (the GPU machine has 16)
   if [ "$cores" -ge 8 ]; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi
 }
@@ -85,8 +85,8 @@ pin $gpu_cores timeout -k 10 70 $PY -m pytest -q -p no:cacheprovider -rfE -n 8 \
 stamp "pytest rc $? ($(tail -1 "$OUT/pytest.log"))"
 
 stamp "2. training steps on CUDA"
-pin $gpu_cores timeout -k 10 80 $PY scripts/bench_step.py --devices cuda --backends dpsbi \
-  --sizes 100 10000 --repeats 30 --deterministic --graph --compile-on --profile "$OUT/profile.txt" \
+pin $gpu_cores timeout -k 10 100 $PY scripts/bench_step.py --devices cuda --backends dpsbi \
+  --sizes 10000 100 --repeats 30 --deterministic --graph --compile-on --profile "$OUT/profile.txt" \
   --json "$OUT/bench_step.jsonl" >>"$log" 2>&1
 stamp "bench cuda rc $?"
 
@@ -103,9 +103,10 @@ room 100 "4. the census fit" && {
 }
 
 for releases in 500 2000; do
-  room 45 "5. sample_batched at $releases releases" && {
+  seconds=$((releases / 20 + 20))  # 15 s at 500 on an H200 (twenty-ninth session), and a warm-up at two
+  room $((seconds + 5)) "5. sample_batched at $releases releases" && {
     stamp "5. SPLE's sample_batched on CUDA at $releases releases"
-    pin $gpu_cores timeout -k 10 40 $PY scripts/bench_sple_sampling.py --posterior "$PREP/sple_bench.pt" \
+    pin $gpu_cores timeout -k 10 $seconds $PY scripts/bench_sple_sampling.py --posterior "$PREP/sple_bench.pt" \
       --releases $releases --samples 1000 --looped 0 --device cuda >>"$OUT/sple_batched.txt" 2>&1
     stamp "sple batched $releases rc $?"
   }
