@@ -132,7 +132,8 @@ def measure(
             times.append(time.perf_counter() - start)
         syncs = synchronizations(lambda: state.step(data, rows)) if device.type == "cuda" else None
         if profile and not graph and compiled is None:
-            kernels(lambda: state.step(data, rows), device, profile, f"{backend} {device} batch {batch}")
+            title = f"{backend} {device} batch {batch}{', deterministic' if deterministic else ''}"
+            kernels(lambda: state.step(data, rows), device, profile, title)
     return {
         "step": step,
         "backend": backend,
