@@ -78,7 +78,8 @@ class SPPE(SequentialEstimator):
     per round) and keep the first round's plain loss on all simulations: no atoms, ``atoms`` times fewer flow
     evaluations per step, no leakage; the posterior is valid inside that region. ``truncate=None`` (the default)
     is the task's own (:meth:`default_truncate`: SIR's and naive Bayes' 1e-4, atomic APT elsewhere);
-    ``truncate=False`` is atomic APT on any task. See :class:`~dpsbi.inference.estimator.SequentialEstimator` for the common arguments.
+    ``truncate=False`` is atomic APT on any task. See :class:`~dpsbi.inference.estimator.SequentialEstimator`
+    for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
     rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one
