@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # The main job: the default experiment, cut to 3 rounds so that it ends in a few minutes (plain
-# `dpsbi-run` fits the library's full defaults: SPPE 10 x 1000 simulations).
+# `dpsbi-run` fits the library's full defaults: SPPE 10 x 2000 simulations on regression, its recipe).
 run: setup
 	$(VENV)/bin/dpsbi-run budget.rounds=3
 

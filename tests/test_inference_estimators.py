@@ -105,7 +105,7 @@ def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one
     """SIR's and naive Bayes' sequential SPPE fits are TSNPE at 1e-4 where the call leaves ``truncate`` out
     (``Task.sequential_recipe``, docs/RESULTS.md "SIR's wide tails", "Naive Bayes and regression: the atomic fits'
     spread"); ``truncate=False``, the combined loss, an amortized fit and the paper's settings are atomic APT, and a
-    task without its own default (regression) stays atomic."""
+    task without a ``truncate`` of its own (regression) stays atomic."""
     sir = dpsbi.tasks.load("sir")
     assert sir.sequential_recipe["truncate"] == 1e-4
     default = dpsbi.SPPE(sir)
@@ -131,6 +131,23 @@ def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one
     explicit = dpsbi.tasks.load("naive_bayes")
     explicit.sequential_recipe = {}
     assert naive_bayes.fingerprint() == dpsbi.SPPE(explicit, truncate=1e-4).fingerprint()
+
+
+def test_regression_fits_2000_simulations_a_round_by_default():
+    """Regression's sequential recipe is 10 rounds of 2000 simulations (docs/RESULTS.md, "Naive Bayes and
+    regression: the atomic fits' spread"): its default is the fit measured as ``method.sims_per_round=2000``, atomic
+    APT on the generic training; a call that sets ``rounds`` or ``sims_per_round`` keeps the generic schedule, and an
+    amortized fit its own defaults."""
+    regression = dpsbi.tasks.load("regression")
+    default = dpsbi.SPPE(regression)
+    assert (default.rounds, default.sims_per_round, default.truncate) == (10, 2000, None)
+    assert (default.training.max_steps, default.training.batch_size) == (1000, 100)
+    measured = dpsbi.tasks.load("regression")
+    measured.sequential_recipe = {}
+    assert default.fingerprint() == dpsbi.SPPE(measured, sims_per_round=2000).fingerprint()
+    assert dpsbi.SPPE(regression, rounds=4).sims_per_round == 1000
+    assert dpsbi.SPPE(regression, amortized=True).sims_per_round == 100_000
+    assert dpsbi.SPLE(regression).sims_per_round == 1000  # the recipe is SPPE's
 
 
 def test_a_tasks_sequential_recipe_fills_what_the_call_leaves_out():

@@ -23,7 +23,7 @@ AMORTIZED_STORED_NUMBERS = 50_000_000
 ROUNDS = 10
 #: What a task's ``amortized_recipe`` and ``sequential_recipe`` may set (:meth:`SPPE.recipe`).
 AMORTIZED_RECIPE_KEYS = frozenset({"rounds", "sims_per_round", "training", "task_options", "epsilon_margin"})
-SEQUENTIAL_RECIPE_KEYS = frozenset({"truncate", "training"})
+SEQUENTIAL_RECIPE_KEYS = frozenset({"truncate", "sims_per_round", "training"})
 
 
 class SPPE(SequentialEstimator):
@@ -82,7 +82,8 @@ class SPPE(SequentialEstimator):
     for the common arguments.
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 10
-    rounds of 1000 simulations (up to 100 000 with ``amortized=True``: :meth:`default_sims_per_round`), one
+    rounds of 1000 simulations (regression's sequential recipe: 2000; up to 100 000 with ``amortized=True``:
+    :meth:`default_sims_per_round`), one
     plain-MC release per simulation at every step (an atomic step at M = 8 costs ~6x more and bought no accuracy
     per second there), 1000 gradient steps a round (SIR's sequential recipe: 2000) with a cosine
     learning rate from 1e-3. :meth:`paper` gives the paper's settings (M = 32 RQMC, open-ended rounds).

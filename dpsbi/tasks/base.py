@@ -79,10 +79,11 @@ class Task:
     amortized_recipe: dict = field(default_factory=dict)
     #: The task's own measured recipe for a sequential SPPE fit at ``y_obs``: ``truncate`` (the TSNPE posterior
     #: mass its later rounds cut the prior at, where atomic APT's leaked tails were measured:
-    #: :meth:`~dpsbi.inference.sppe.SPPE.default_truncate`) and ``training``
-    #: (:class:`~dpsbi.inference.training.TrainingSettings` fields under the call's, where it leaves out ``rounds``
-    #: and ``sims_per_round``), applied by :meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`; empty: atomic APT
-    #: on the generic schedule (SIR's: its factory, docs/RESULTS.md "SIR's sequential recipe").
+    #: :meth:`~dpsbi.inference.sppe.SPPE.default_truncate`), ``sims_per_round`` and ``training``
+    #: (:class:`~dpsbi.inference.training.TrainingSettings` fields under the call's; both where the call leaves out
+    #: ``rounds`` and ``sims_per_round``), applied by :meth:`~dpsbi.inference.sppe.SPPE.resolve_arguments`; empty:
+    #: atomic APT on the generic schedule (SIR's: its factory, docs/RESULTS.md "SIR's sequential recipe";
+    #: regression's: 2000 simulations a round).
     sequential_recipe: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
