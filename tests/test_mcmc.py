@@ -10,6 +10,7 @@ import torch
 
 import dpsbi
 from dpsbi.diagnostics import ess
+from dpsbi.inference import mcmc
 from dpsbi.inference.mcmc import MCMCSettings, resample_init, slice_sample, slice_sample_groups
 from dpsbi.metrics import c2st
 
@@ -124,6 +125,35 @@ def test_groups_sample_their_own_targets_in_the_sequential_calls_of_one():
         assert max(abs(v) for v in scores.values()) <= TOLERANCE, (g, scores)
     slice_sample_groups(log_density, init[:1], 15_000, config, seed=21, width=4 * width, info=alone)
     assert info["calls"] <= 2 * alone["calls"] and info["host_reads"] == info["calls"], (info, alone)
+
+
+def test_on_a_gpu_a_shrinkage_round_gives_the_chains_left_the_first_rounds_rows(monkeypatch):
+    """``rows_per_round``: a few hundred rows a round on a CPU, every chain's one row elsewhere (a GPU, where a
+    call's cost hardly grows with its rows and each round is a host read). With that rule (forced here on the
+    CPU), 20 groups of 100 chains sample their own targets (moments within 4 Monte Carlo errors) in a third fewer
+    sequential calls and host reads than by the CPU rule (343 against 493; 219 against 647 at 200 groups of 500),
+    for at most twice its evaluations."""
+    assert mcmc.rows_per_round(torch.device("cpu"), 10_000) == mcmc.MIN_ROWS
+    assert mcmc.rows_per_round(torch.device("cuda"), 10_000) == 10_000
+    assert mcmc.rows_per_round(torch.device("cuda"), 100) == mcmc.MIN_ROWS
+    shift = torch.arange(20, dtype=D)[:, None, None] / 4
+    tril = torch.linalg.cholesky(G_COV)
+
+    def log_density(x, group):
+        return torch.distributions.MultivariateNormal(G_MEAN + shift[group], scale_tril=tril).log_prob(x)
+
+    init = G_MEAN + 3 * torch.randn(20, 100, 3, dtype=D, generator=torch.Generator().manual_seed(3))
+    config = MCMCSettings(num_chains=100, warmup=60, thin=1)
+    cpu = {}
+    slice_sample_groups(log_density, init, 5000, config, seed=4, width=4.0, info=cpu)
+    monkeypatch.setattr(mcmc, "rows_per_round", lambda device, chains: max(mcmc.MIN_ROWS, chains))
+    gpu = {}
+    slice_sample_groups(log_density, init, 5000, config, seed=4, width=4.0, info=gpu)
+    assert 3 * gpu["calls"] < 2.25 * cpu["calls"] and gpu["host_reads"] == gpu["calls"], (gpu, cpu)
+    assert gpu["evaluations"] <= 2 * cpu["evaluations"], (gpu, cpu)
+    for g in range(20):
+        scores = z_scores(gpu["draws"][:, g], G_MEAN + shift[g, 0], G_COV)
+        assert max(abs(v) for v in scores.values()) <= TOLERANCE, (g, scores)
 
 
 def test_default_settings_give_nearly_independent_gaussian_draws_in_few_calls():

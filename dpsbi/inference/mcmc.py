@@ -15,7 +15,7 @@ chain's bracket in one call of the log density, then walks through them in order
 previous rejection cut out of the bracket; this is exactly the sequential shrinkage procedure (a uniform
 draw in a bracket that falls in the shrunk bracket is uniform there), so ``k`` only trades wasted
 evaluations against sequential calls. Later rounds evaluate only the chains still shrinking, with more
-angles each (about :data:`MIN_ROWS` rows a call), so an update takes 2-4 calls.
+angles each (about :func:`rows_per_round` rows a call), so an update takes 2-4 calls.
 
 ``method="slice_np_vectorized"`` is sbi's numpy vectorized slice sampler (per-coordinate stepping-out and
 shrinkage, about 13 sequential calls per step): the sampler of posterior files written before the torch
@@ -39,8 +39,8 @@ from .settings import Settings
 METHODS = ("elliptical_slice", "slice_np_vectorized")
 #: Degrees of freedom of the t approximation (an integer: the latent scale is drawn as a chi-square).
 DOF = 5
-#: Rows a shrinkage round aims at: when few chains are still shrinking, each evaluates several angles, since
-#: a flow call costs about as much as a few hundred rows on a CPU.
+#: Rows a shrinkage round aims at on a CPU (:func:`rows_per_round`): when few chains are still shrinking, each
+#: evaluates several angles, since a flow call costs about as much as a few hundred rows there.
 MIN_ROWS = 256
 #: Most angles a chain evaluates in one round.
 MAX_ANGLES = 64
@@ -194,6 +194,7 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
     spread = torch.as_tensor(width, dtype=dtype, device=device).expand(dim) ** 2
     floor = 1e-6 * spread
     counter = _Counter(log_density)
+    rows = rows_per_round(device, groups * chains)
 
     x = init.clone()
     with torch.no_grad():
@@ -212,7 +213,7 @@ def _elliptical_slice(log_density, init, num_samples, config, seed, width, progr
         if 0 < step < warmup and len(window) * chains >= 10 * (dim + 1):
             fit = _TFit.of(torch.cat(window, 1), floor)
         with torch.no_grad():
-            x, logp, accepted_first = _gess_update(counter, x, logp, fit, generator)
+            x, logp, accepted_first = _gess_update(counter, x, logp, fit, generator, rows)
         if step < warmup:
             history.append(x)
         else:
@@ -284,9 +285,20 @@ def _log_t(q: Tensor, dim: int) -> Tensor:
     return -0.5 * (DOF + dim) * torch.log1p(q / DOF)
 
 
-def _gess_update(counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generator: torch.Generator):
+def rows_per_round(device: torch.device, chains: int) -> int:
+    """Rows a shrinkage round of ``chains`` chains (every group's) aims at on ``device``: :data:`MIN_ROWS` on a CPU,
+    where a call's cost grows with its rows beyond a few hundred; elsewhere (a GPU) the first round's, one row a
+    chain, since a call of up to ~10^5 rows costs about as much as a small one and each round ends in a host
+    read: the chains still shrinking share as many rows again."""
+    return MIN_ROWS if device.type == "cpu" else max(MIN_ROWS, chains)
+
+
+def _gess_update(
+    counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generator: torch.Generator, rows: int
+):
     """One generalized elliptical slice update of every chain of every group: new states ``(G, C, d)``, their
-    log densities ``(G, C)``, and which chains accepted their first proposal ``(G, C)``. The chains still
+    log densities ``(G, C)``, and which chains accepted their first proposal ``(G, C)``; a later round gives each
+    of the ``n`` chains still shrinking ``rows / n`` angles (at most :data:`MAX_ANGLES`). The chains still
     shrinking are compacted after each round, by one read of how many they are (no boolean-mask indexing)."""
     groups, chains, dim = x.shape
     shape, flat = x.shape, groups * chains
@@ -313,7 +325,7 @@ def _gess_update(counter: _Counter, x: Tensor, logp: Tensor, fit: _TFit, generat
     for round_index in range(MAX_ROUNDS):
         if n == 0:
             break
-        k = min(MAX_ANGLES, max(1, -(-MIN_ROWS // n)))
+        k = min(MAX_ANGLES, max(1, -(-rows // n)))
         lo_a, hi_a, group_a = lo[active], hi[active], group[active]
         angles = lo_a[:, None] + (hi_a - lo_a)[:, None] * uniform(n, k)
         if round_index == 0:

@@ -81,6 +81,7 @@ class Posterior(abc.ABC):
         self.task, self.flow, self.method = task, flow.eval(), method
         self.training_releases = training_releases
         self.space = ParameterSpace(task)
+        self._device_space: tuple[torch.device, ParameterSpace] | None = None
         self._default_x: Tensor | None = None
         self._default_epsilon: float | None = None
         #: ``(low, high)``: the flow also conditions on ``log epsilon``, trained for epsilons in that range.
@@ -89,6 +90,15 @@ class Posterior(abc.ABC):
     @property
     def device(self) -> torch.device:
         return next(self.flow.parameters()).device
+
+    @property
+    def device_space(self) -> ParameterSpace:
+        """:attr:`space` with its prior on the flow's device (:meth:`ParameterSpace.on`: densities read nothing back
+        to the host), made once per device."""
+        device = self.device
+        if self._device_space is None or self._device_space[0] != device:
+            self._device_space = (device, self.space.on(device))
+        return self._device_space[1]
 
     @property
     def default_x(self) -> Tensor | None:
@@ -526,7 +536,7 @@ class FlowPosterior(Posterior):
         return _in_chunks(lambda chunk: self.flow.sample(chunk.to(self.device), y), noise, width=y.shape[0])
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
-        return self.flow.log_prob(z, y) - self.space.log_abs_det(z)
+        return self.flow.log_prob(z, y) - self.device_space.log_abs_det(z)
 
 
 class LikelihoodPosterior(Posterior):
@@ -597,7 +607,7 @@ class LikelihoodPosterior(Posterior):
 
     def log_density_z(self, z: Tensor, y: Tensor) -> Tensor:
         """Unnormalized log posterior in ``z``: ``log p_z(z) + log q(y | z)``, shape ``z.shape[:-1]``."""
-        return self.space.log_prior_z(z) + self.log_likelihood_z(y, z)
+        return self.device_space.log_prior_z(z) + self.log_likelihood_z(y, z)
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
         """``(n, B, dim)`` draws at the ``B`` rows of ``y``: the torch sampler runs every release's chains in one
