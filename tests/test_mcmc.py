@@ -131,7 +131,7 @@ def test_on_a_gpu_a_shrinkage_round_gives_the_chains_left_the_first_rounds_rows(
     """``rows_per_round``: a few hundred rows a round on a CPU, every chain's one row elsewhere (a GPU, where a
     call's cost hardly grows with its rows and each round is a host read). With that rule (forced here on the
     CPU), 20 groups of 100 chains sample their own targets (moments within 4 Monte Carlo errors) in a third fewer
-    sequential calls and host reads than by the CPU rule (343 against 493; 219 against 647 at 200 groups of 500),
+    sequential calls and host reads than by the CPU rule (343 against 493; 220 against 647 at 200 groups of 500),
     for at most twice its evaluations."""
     assert mcmc.rows_per_round(torch.device("cpu"), 10_000) == mcmc.MIN_ROWS
     assert mcmc.rows_per_round(torch.device("cuda"), 10_000) == 10_000
