@@ -391,7 +391,7 @@ def test_one_budget_sets_every_neural_method():
         unset["sppe"]["rounds"],
         unset["sple"]["sims_per_round"],
         unset["naive_npe"]["training"]["max_steps"],
-    ) == (None, 1000, 500)  # SPPE's rounds: None is 10, or the task's amortized recipe
+    ) == (None, None, 500)  # None: SPPE 10 rounds (or a recipe), SPLE 1000 a round (amortized: more)
     assert unset["naive_npe"]["num_simulations"] == 10_000
     for budget, total in (
         (["budget.rounds=3"], 3000),
