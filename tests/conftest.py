@@ -1,5 +1,7 @@
 """Shared test settings."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -40,3 +42,24 @@ def _step_traces_whole(estimator, round_index: int = 0) -> None:
 def step_traces_whole():
     """:func:`_step_traces_whole`: a training step makes no data-dependent host decision."""
     return _step_traces_whole
+
+
+def _cuda_synchronizations(run) -> list[str]:
+    """The messages of the device-to-host synchronizations ``run()`` makes on CUDA (torch's sync debug mode; its
+    first call also warns that it is a prototype, which is no synchronization)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [
+        str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
+    ]
+
+
+@pytest.fixture
+def cuda_synchronizations():
+    """:func:`_cuda_synchronizations`: what a step or a density call reads back to the host."""
+    return _cuda_synchronizations

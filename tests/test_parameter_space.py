@@ -1,8 +1,6 @@
 """The parameter space copied to the flow's device (``ParameterSpace.on``): a prior density that reads nothing
 back to the host (what SPLE's sampler evaluates at every call), equal to the prior's own."""
 
-import warnings
-
 import pytest
 import torch
 
@@ -68,7 +66,7 @@ def test_a_posterior_evaluates_its_prior_on_the_flows_device(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_an_sple_density_on_cuda_never_synchronizes():
+def test_an_sple_density_on_cuda_never_synchronizes(cuda_synchronizations):
     """SPLE's unnormalized density at a batch of points on CUDA (what each sampler call evaluates): not one
     device-to-host synchronization (the prior was evaluated on the CPU before: a copy there and back a call)."""
 
@@ -90,14 +88,5 @@ def test_an_sple_density_on_cuda_never_synchronizes():
     y = task.y_obs.to("cuda").expand(64, 1, -1)
     post.log_density_z(z, y)
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            post.log_density_z(z, y)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    syncs = [
-        str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
-    ]
+    syncs = cuda_synchronizations(lambda: post.log_density_z(z, y))
     assert not syncs and post.device_space.device.type == "cuda", syncs[:3]

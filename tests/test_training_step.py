@@ -6,7 +6,6 @@ flow backends: the sync-free default against nflows' on the same tasks."""
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -108,7 +107,7 @@ def test_the_sync_free_flow_traces_whole_in_sampling():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("method", ["SPPE", "SPLE"])
-def test_a_training_step_on_cuda_never_synchronizes(method, graph):
+def test_a_training_step_on_cuda_never_synchronizes(method, graph, cuda_synchronizations):
     """Steps after the first (which builds the optimizer's state, and captures the graph) under torch's sync
     debug mode: not one device-to-host synchronization, eager or replayed as a CUDA graph."""
     estimator = _fitted(method, "regression", **({"atoms": 10} if method == "SPPE" else {}))
@@ -120,17 +119,7 @@ def test_a_training_step_on_cuda_never_synchronizes(method, graph):
     rows = next(batches(torch.arange(data[0].shape[0], device="cuda"), 50))
     state.step(data, rows)
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(3):
-                state.step(data, rows)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    syncs = [
-        str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
-    ]
+    syncs = cuda_synchronizations(lambda: [state.step(data, rows) for _ in range(3)])
     assert not syncs, syncs[:3]
 
 
