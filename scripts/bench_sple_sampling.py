@@ -147,7 +147,7 @@ def batched(
         print(f"{name:28s} {seconds:8.2f} s {calls:7d} calls")
     if device.startswith("cuda"):
         calls = counting.calls
-        syncs = synchronizations(lambda: post.sample_batched((samples,), warm, seed=0))
+        syncs = len(synchronizations(lambda: post.sample_batched((samples,), warm, seed=0)))
         print(
             f"synchronizations of one sample_batched run at {len(warm)} releases: {syncs}, in "
             f"{counting.calls - calls} density calls (each shrinkage round reads one count back)"

@@ -58,8 +58,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def synchronizations(run) -> int:
-    """The device-to-host synchronizations ``run()`` makes on CUDA (torch's sync debug mode)."""
+def synchronizations(run) -> list[str]:
+    """The messages of the device-to-host synchronizations ``run()`` makes on CUDA (torch's sync debug mode; its
+    first call also warns that it is a prototype, which is no synchronization). The tests' zero-sync checks use it
+    too (``tests/conftest.py``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -67,8 +69,9 @@ def synchronizations(run) -> int:
             run()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    # the first call of the debug mode also warns that it is a prototype: not a synchronization
-    return sum("synchroniz" in str(w.message) and "prototype" not in str(w.message) for w in caught)
+    return [
+        str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
+    ]
 
 
 def kernels(run, device: torch.device, path: str, title: str, steps: int = 3) -> None:
@@ -130,7 +133,7 @@ def measure(
             state.step(data, rows)
             _sync(device)
             times.append(time.perf_counter() - start)
-        syncs = synchronizations(lambda: state.step(data, rows)) if device.type == "cuda" else None
+        syncs = len(synchronizations(lambda: state.step(data, rows))) if device.type == "cuda" else None
         if profile and not graph and compiled is None:
             title = f"{backend} {device} batch {batch}{', deterministic' if deterministic else ''}"
             kernels(lambda: state.step(data, rows), device, profile, title)

@@ -1,7 +1,5 @@
 """Shared test settings."""
 
-import warnings
-
 import pytest
 import torch
 
@@ -44,22 +42,10 @@ def step_traces_whole():
     return _step_traces_whole
 
 
-def _cuda_synchronizations(run) -> list[str]:
-    """The messages of the device-to-host synchronizations ``run()`` makes on CUDA (torch's sync debug mode; its
-    first call also warns that it is a prototype, which is no synchronization)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            run()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return [
-        str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
-    ]
-
-
 @pytest.fixture
 def cuda_synchronizations():
-    """:func:`_cuda_synchronizations`: what a step or a density call reads back to the host."""
-    return _cuda_synchronizations
+    """``scripts/bench_step.py``'s ``synchronizations``: the messages of what ``run()`` reads back to the host on
+    CUDA (imported on use: the benchmark module imports dpsbi)."""
+    from bench_step import synchronizations
+
+    return synchronizations
