@@ -19,8 +19,10 @@ against. One JSON line per row is appended to ``--out``; a task already finished
 ``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed run resumes there) and is saved
 as ``DIR/<task>.pt``; a fit found there is scored again without training.
 
-``report``: reads those rows (from several files: a task's from the last file holding it) and the separate fits (``scripts/frontier.py run --defaults`` rows, whose last
-round's ``sd`` and ``width95`` are the fit's) and draws the figure, sd and width per parameter against epsilon.
+``report``: reads those rows and the separate fits (``scripts/frontier.py run --defaults`` rows, seed 0, whose last
+round's ``sd`` and ``width95`` are the fit's), each task's of each kind from the last of the files holding them (so
+that a newer file replaces one task's rows and keeps the others'), and draws the figure, sd and width per parameter
+against epsilon.
 
     .venv/bin/python scripts/privacy_utility.py run --out results/privacy_utility.jsonl
     .venv/bin/python scripts/frontier.py run --task regression --epsilon 0.1 --method sppe --defaults \\
@@ -129,22 +131,30 @@ def run(args: argparse.Namespace) -> None:
                 print(json.dumps({"task": name, **row}), flush=True)
 
 
+def latest(paths: list[Path], keep) -> list[dict]:
+    """The rows of ``paths`` that ``keep`` accepts, each task's from the last file holding any of them."""
+    by_task = {}
+    for path in paths:
+        rows = [r for r in read_jsonl(path) if keep(r)]
+        by_task.update({task: [r for r in rows if r["task"] == task] for task in {r["task"] for r in rows}})
+    return [r for rows in by_task.values() for r in rows]
+
+
+def is_separate_fit(row: dict) -> bool:
+    """Whether ``row`` is the last round of a seed-0 ``frontier.py run --method sppe --defaults`` fit."""
+    return bool(
+        row.get("last") and row.get("schedule") == "defaults" and row["method"] == "sppe" and row["seed"] == 0
+    )
+
+
 def report(args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    latest = {}  # a task's rows come from the last file that holds it
-    for path in args.amortized:
-        for task in {r["task"] for r in read_jsonl(path)}:
-            latest[task] = [r for r in read_jsonl(path) if r["task"] == task]
-    rows = [r for task in latest.values() for r in task]
-    separate = [
-        r
-        for r in read_jsonl(args.separate)
-        if r.get("last") and r["schedule"] == "defaults" and r["method"] == "sppe" and r["seed"] == 0
-    ]
+    rows = latest(args.files, lambda r: "kind" in r)
+    separate = latest(args.files, is_separate_fit)
     tasks = [t for t in args.tasks if any(r["task"] == t for r in rows)]
     names = {t: build_task({"name": t, "epsilon": 1.0}).parameter_names for t in tasks}
     columns = max(len(names[t]) for t in tasks)
@@ -280,9 +290,12 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("report")
     p.add_argument(
-        "amortized", type=Path, nargs="+", help="run files; a task's rows from the last holding it"
+        "files",
+        type=Path,
+        nargs="+",
+        help="run files and frontier.py --defaults files; a task's amortized rows, and its separate fits, each "
+        "from the last file holding them",
     )
-    p.add_argument("separate", type=Path)
     p.add_argument("--tasks", nargs="+", default=["regression", "sir"])
     p.add_argument("--figure", type=Path)
     args = parser.parse_args()
