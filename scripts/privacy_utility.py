@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> None:
                 print(json.dumps({"task": name, **row}), flush=True)
 
 
-def latest(paths: list[Path], keep) -> list[dict]:
+def latest(paths: list[Path], keep: Callable[[dict], bool]) -> list[dict]:
     """The rows of ``paths`` that ``keep`` accepts, each task's from the last file holding any of them."""
     by_task = {}
     for path in paths:
