@@ -79,9 +79,9 @@ class SPLE(SequentialEstimator):
         naive Bayes over epsilon 1-10, 20 prior-predictive releases at each of 1.5, 4 and 9 (docs/RESULTS.md,
         "Amortized SPLE, first scored"): 7 x 1000 on batches of 100 scored mean C2ST 0.555 / 0.560 / 0.584 and worst
         0.644-0.688 (seed 0); 7 x 100 000 on batches of 1000 without weight decay 0.524 / 0.511 / 0.517, worst 0.606
-        / 0.547 / 0.542, sds within 2 %, SBC and TARP passing (seed 0; seeds 1-2 at epsilon 1.5: mean 0.519 and
-        0.521, worst 0.609 and 0.653, each the one release whose noise draw lies far out), for 2234 CPU s of fit
-        against 259."""
+        / 0.547 / 0.542, sds within 2 %, SBC and TARP passing (seed 0; in seeds 1-2 means 0.515-0.522 at every
+        epsilon, worst 0.609 and 0.653 at 1.5, the one release whose noise draw lies far out, and 0.546-0.606 at 4
+        and 9), for 2234 CPU s of fit against 259."""
         return SPPE.default_sims_per_round(amortized, task, rounds)
 
     def options(self) -> dict:
