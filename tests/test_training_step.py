@@ -34,7 +34,7 @@ TASKS = {
 
 def _fitted(method: str, task_name: str, rounds: int = 1, **kwargs):
     """An estimator after ``rounds`` tiny rounds (its flow and stored simulations are what a step trains on)."""
-    task = dpsbi.tasks.load(task_name, **TASKS[task_name])
+    task = dpsbi.tasks.load(task_name, **TASKS.get(task_name, {}))
     options = {**TINY, **({"rounds": rounds} if method != "NaiveNPE" else {"num_simulations": 60})}
     options.pop("inner_samples") if method == "NaiveNPE" else None
     if method == "NaiveNPE":
@@ -93,6 +93,9 @@ def test_the_widened_step_traces_whole(step_traces_whole):
         _fitted("SPPE", "regression", amortized=True, epsilon_range=(0.1, 10.0), widening=widening), 0
     )
     step_traces_whole(_fitted("SPPE", "conjugate_gaussian", amortized=True, widening=widening), 0)
+    step_traces_whole(
+        _fitted("SPLE", "naive_bayes", amortized=True, epsilon_range=(1.0, 10.0), widening=widening), 0
+    )
 
 
 def test_the_sync_free_flow_traces_whole_in_sampling():

@@ -34,7 +34,16 @@ from .progress import FitProgress
 from .release_check import ReleaseOutsideTraining, TrainingReleases
 from .seeding import derive_seed
 from .settings import Settings
-from .training import DEVICE_FIELDS, Loss, TrainingSettings, fit_flow, planned_steps, training_device
+from .training import (
+    DEVICE_FIELDS,
+    Loss,
+    TrainingSettings,
+    fit_flow,
+    planned_steps,
+    training_device,
+    training_threads,
+)
+from .widening import ReleaseRatio, Widening, ancillary_problem, fit_release_ratio
 
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
@@ -290,6 +299,10 @@ class SequentialEstimator(abc.ABC):
         self._round_releases: dict[int, Tensor] = {}
         self._training_releases: tuple[int, TrainingReleases] | None = None
         self._y_obs_checked = False
+        #: ``widening`` (set by the estimators that widen) and its releases' ratio, fitted on first use.
+        self.widening: Widening | None = None
+        self.ancillary: Tensor | None = None
+        self._release_ratio: ReleaseRatio | None = None
         if self.budget.simulations is not None and self._round_size() is None:
             raise ValueError(
                 f"budget simulations={self.budget.simulations} leaves no first round (at least one training and "
@@ -393,6 +406,25 @@ class SequentialEstimator(abc.ABC):
         """The releases ``(n, dim_s)`` the flow sees for summaries ``s`` (the release check's training releases):
         one release of each (:meth:`releases`); NaiveNPE's are the summaries themselves."""
         return self.releases(s, generator, epsilon)
+
+    def release_ratio(self) -> ReleaseRatio:
+        """The widened releases' marginal ratio (``widening``; along :attr:`ancillary`'s directions where set),
+        fitted once per fit on the first round's training summaries under a seed derived from the fit's (so a
+        resumed fit refits the same), on the training device."""
+        if self._release_ratio is None:
+            rows = (self.data["round"] == 1) & ~self.data["validation"]
+            epsilon = self.data["epsilon"][rows] if self.epsilon_range is not None else None
+            s = self.data["s"][rows]
+            problem = None if self.ancillary is None else ancillary_problem(self.ancillary, s)
+            if problem:
+                raise ValueError(problem)
+            generator = torch.Generator(device=s.device).manual_seed(derive_seed(self.seed, "widening"))
+            with training_threads(self.training, s.device):
+                ratio = fit_release_ratio(
+                    self.task.mechanism, s, epsilon, self.widening, generator, self.ancillary
+                )
+            self._release_ratio = ratio.to(training_device(self.training))
+        return self._release_ratio
 
     def training_releases(self) -> TrainingReleases:
         """The release check's statistics (:mod:`~dpsbi.inference.release_check`) of one release of every stored

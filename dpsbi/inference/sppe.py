@@ -8,12 +8,11 @@ from torch import Tensor
 
 from ..tasks import Task, with_options
 from .estimator import SequentialEstimator
-from .losses import atom_indices, noise_uniforms, sppe_loss
+from .losses import atom_indices, noise_uniforms, sppe_loss, with_log_epsilon
 from .posterior import FlowPosterior, Posterior
-from .seeding import derive_seed
-from .training import Loss, TrainingSettings, training_device, training_threads
+from .training import Loss, TrainingSettings
 from .truncation import truncated_prior_draws
-from .widening import ReleaseRatio, Widening, fit_release_ratio, widened_loss, widening_problem
+from .widening import Widening, resolve_widening, widened_loss, widening_problem
 
 #: The most parameters and statistics (numbers) that an amortized fit's default simulations keep: census_table's
 #: 46 cells and 3 parameters at 10 rounds of 100 000 (49 million) held 1.75 GB in the last round, 3.85 GB at the
@@ -148,17 +147,9 @@ class SPPE(SequentialEstimator):
                 "combined_loss adds the plain loss to atomic rounds; amortized=True and truncate have none"
             )
         self.combined_loss = bool(combined_loss)
-        if widening is None:
-            widening = self.default_widening(self.amortized, task)
-        self.widening = (
-            Widening() if widening is True else None if widening is False else Widening.coerce(widening)
+        self.widening = resolve_widening(
+            widening, self.default_widening(self.amortized, task), self.amortized, task.mechanism
         )
-        if self.widening is not None and not self.amortized:
-            raise ValueError("widening weights the plain loss of an amortized fit; pass amortized=True")
-        problem = None if self.widening is None else widening_problem(task.mechanism)
-        if problem:
-            raise ValueError(problem)
-        self._release_ratio: ReleaseRatio | None = None
 
     @classmethod
     def resolve_arguments(
@@ -322,7 +313,15 @@ class SPPE(SequentialEstimator):
         atoms = self.atoms_of(round_index)
         mechanism, m, qmc = self.task.mechanism, self.inner_samples, self.qmc
         if self.widening is not None:
-            return widened_loss(mechanism, m, qmc, self.widening, self.release_ratio())
+            return widened_loss(
+                mechanism,
+                m,
+                qmc,
+                self.widening,
+                self.release_ratio(),
+                _posterior_log_prob,
+                self.epsilon_range is not None,
+            )
         combined = self.combined_loss and atoms > 1
 
         def compute(flow, batch, draws):
@@ -349,19 +348,6 @@ class SPPE(SequentialEstimator):
 
         return Loss(compute, draw)
 
-    def release_ratio(self) -> ReleaseRatio:
-        """The widened releases' marginal ratio (``widening``), fitted once per fit on the first round's training
-        summaries under a seed derived from the fit's (so a resumed fit refits the same), on the training device."""
-        if self._release_ratio is None:
-            rows = (self.data["round"] == 1) & ~self.data["validation"]
-            epsilon = self.data["epsilon"][rows] if self.epsilon_range is not None else None
-            s = self.data["s"][rows]
-            generator = torch.Generator(device=s.device).manual_seed(derive_seed(self.seed, "widening"))
-            with training_threads(self.training, s.device):
-                ratio = fit_release_ratio(self.task.mechanism, s, epsilon, self.widening, generator)
-            self._release_ratio = ratio.to(training_device(self.training))
-        return self._release_ratio
-
     def posterior(self, round_index: int) -> FlowPosterior:
         return FlowPosterior(
             self.task,
@@ -371,3 +357,8 @@ class SPPE(SequentialEstimator):
             epsilon_range=self.epsilon_range,
             training_releases=self.training_releases(),
         )
+
+
+def _posterior_log_prob(flow, z: Tensor, y: Tensor, epsilon: Tensor | None) -> Tensor:
+    """``log q(theta_i | y_ij)`` ``(N, M)`` of parameters ``z (N, dim)`` at releases ``y (N, M, dim_s)``."""
+    return flow.log_prob(z.unsqueeze(-2), with_log_epsilon(y, epsilon))

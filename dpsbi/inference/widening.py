@@ -16,11 +16,20 @@ E_eta[g (-log q)]``, so the exact posterior stays the loss's optimum at every re
 each release counts, and the releases' marginal ratio (a classifier of widened against plain releases, fitted
 once per fit on the first round's summaries: :func:`fit_release_ratio`) makes the loss count releases as often as
 ``r`` draws them, capped at ``cap`` times their natural frequency.
+
+SPLE's likelihood flow ``q(y | theta)`` is a density over the release, so there ``g`` may not be any function of
+it: the loss's optimum becomes ``q(y | theta) ~ eta(y | theta) g(y) / c(theta)``, ``c(theta) = E[g(y) | theta]``,
+which moves the posterior unless ``c`` is constant. It is where ``g`` reads only the release's *ancillary* part:
+its coordinates along directions in which the statistic never varies (naive Bayes' counts of each class sum to the
+same total for every feature, and all to ``n``), where a release is the statistic's constant plus pure noise whose
+law does not depend on ``theta``. SPLE widens those fits only (:func:`ancillary_basis`), and its ``g`` is the
+marginal ratio of that part (:class:`ReleaseRatio` with a ``basis``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -37,6 +46,9 @@ from .training import Loss
 #: Hidden units of the release classifier's two layers, and its batch.
 CLASSIFIER_HIDDEN = 64
 CLASSIFIER_BATCH = 1024
+#: A direction is ancillary where the summaries' spread along it is at most this share of their largest
+#: (float32 sums of proportions leave ~1e-7 along naive Bayes' constraints, against ~0.5 across them).
+ANCILLARY_RTOL = 1e-5
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,21 @@ def widening_problem(mechanism: Mechanism) -> str | None:
     return None
 
 
+def resolve_widening(
+    widening: Widening | dict | bool | None, default: bool, amortized: bool, mechanism: Mechanism
+) -> Widening | None:
+    """An estimator's ``widening`` argument as settings (``None``: ``default``; ``True``: the defaults; ``False``:
+    none), refused in one line for a fit at ``y_obs`` or a mechanism it does not apply to."""
+    widening = default if widening is None else widening
+    settings = Widening() if widening is True else None if widening is False else Widening.coerce(widening)
+    if settings is not None and not amortized:
+        raise ValueError("widening weights the plain loss of an amortized fit; pass amortized=True")
+    problem = None if settings is None else widening_problem(mechanism)
+    if problem:
+        raise ValueError(problem)
+    return settings
+
+
 def widened_releases(
     mechanism: Mechanism, s: Tensor, epsilon: Tensor | None, u: Tensor, pick: Tensor, settings: Widening
 ) -> tuple[Tensor, Tensor]:
@@ -90,14 +117,21 @@ def widened_releases(
     return s_row + noise, (plain - log_r).sum(-1)
 
 
-class ReleaseRatio(nn.Module):
-    """``log g(c)``: the estimate of ``log r(c) / eta(c)`` for flow contexts ``c (..., k)`` (a release, then
-    ``log epsilon`` with an epsilon range), clamped to ``[-log cap, log cap]``; shape ``(...)``."""
+def release_features(y: Tensor, epsilon: Tensor | None, basis: Tensor | None) -> Tensor:
+    """What :class:`ReleaseRatio` reads of releases ``y (N, ..., dim)`` at each row's ``epsilon (N,)``: ``y``, or its
+    coordinates along ``basis (k, dim)``'s rows, then ``log epsilon`` with an epsilon range: ``(N, ..., k[+1])``."""
+    return with_log_epsilon(y if basis is None else y @ basis.T.to(y), epsilon)
 
-    def __init__(self, mean: Tensor, sd: Tensor, cap: float) -> None:
+
+class ReleaseRatio(nn.Module):
+    """``log g``: the estimate of ``log r / eta`` of the releases' features (a release, or its coordinates along
+    ``basis (k, dim)``'s rows; then ``log epsilon`` with an epsilon range), clamped to ``[-log cap, log cap]``."""
+
+    def __init__(self, mean: Tensor, sd: Tensor, cap: float, basis: Tensor | None = None) -> None:
         super().__init__()
         self.register_buffer("mean", mean)
         self.register_buffer("sd", sd)
+        self.register_buffer("basis", basis)
         self.log_cap = math.log(cap)
         k = mean.shape[-1]
         self.net = nn.Sequential(
@@ -108,31 +142,44 @@ class ReleaseRatio(nn.Module):
             nn.Linear(CLASSIFIER_HIDDEN, 1),
         )
 
-    def logits(self, context: Tensor) -> Tensor:
-        """The classifier's log odds (widened against plain) at ``context (..., k)``, unclamped: ``(...)``."""
-        return self.net(((context - self.mean) / self.sd).to(self.mean)).squeeze(-1)
+    def logits(self, features: Tensor) -> Tensor:
+        """The classifier's log odds (widened against plain) at ``features (..., k)``, unclamped: ``(...)``."""
+        return self.net(((features - self.mean) / self.sd).to(self.mean)).squeeze(-1)
 
-    def forward(self, context: Tensor) -> Tensor:
-        return self.logits(context).clamp(-self.log_cap, self.log_cap).to(context.dtype)
+    def forward(self, y: Tensor, epsilon: Tensor | None) -> Tensor:
+        """``log g`` at releases ``y (N, ..., dim)`` and ``epsilon (N,)``: ``(N, ...)``."""
+        return (
+            self.logits(release_features(y, epsilon, self.basis))
+            .clamp(-self.log_cap, self.log_cap)
+            .to(y.dtype)
+        )
 
 
 def fit_release_ratio(
-    mechanism: Mechanism, s: Tensor, epsilon: Tensor | None, settings: Widening, generator: torch.Generator
+    mechanism: Mechanism,
+    s: Tensor,
+    epsilon: Tensor | None,
+    settings: Widening,
+    generator: torch.Generator,
+    basis: Tensor | None = None,
 ) -> ReleaseRatio:
     """A :class:`ReleaseRatio` fitted on one widened and one plain release of each summary ``s (n, dim_s)`` at
-    its ``epsilon (n,)`` (or the mechanism's): logistic regression of widened (1) against plain (0) releases,
-    equal counts, so the log odds estimate ``log r(y) / eta(y)``; Adam at 1e-3, ``classifier_steps`` batches of
-    :data:`CLASSIFIER_BATCH`, all from ``generator`` (on ``s``'s device)."""
+    its ``epsilon (n,)`` (or the mechanism's), reading the releases along ``basis (k, dim_s)`` where given:
+    logistic regression of widened (1) against plain (0) releases, equal counts, so the log odds estimate
+    ``log r / eta`` of those features; Adam at 1e-3, ``classifier_steps`` batches of :data:`CLASSIFIER_BATCH`, all
+    from ``generator`` (on ``s``'s device)."""
     n = s.shape[0]
     u = noise_uniforms(n, mechanism, 2, False, generator, device=s.device)
     pick = torch.rand(n, 2, mechanism.dim, generator=generator, device=s.device)
     pick = torch.cat([pick[:, :1], torch.ones_like(pick[:, 1:])], 1)  # the second release never widened
     y, _ = widened_releases(mechanism, s, epsilon, u, pick, settings)
-    x = with_log_epsilon(y, epsilon).transpose(0, 1).reshape(2 * n, -1).float()  # widened rows, then plain
+    x = (
+        release_features(y, epsilon, basis).transpose(0, 1).reshape(2 * n, -1).float()
+    )  # widened rows, then plain
     label = torch.cat([torch.ones(n, device=s.device), torch.zeros(n, device=s.device)])
     with torch.random.fork_rng(devices=[]):  # the classifier's initial weights, from the generator too
         torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=s.device)))
-        ratio = ReleaseRatio(x.mean(0), x.std(0).clamp(min=1e-12), settings.cap).to(s.device)
+        ratio = ReleaseRatio(x.mean(0), x.std(0).clamp(min=1e-12), settings.cap, basis).to(s.device)
     optimizer = torch.optim.Adam(ratio.net.parameters(), lr=1e-3)
     for _ in range(settings.classifier_steps):
         rows = torch.randint(0, 2 * n, (min(CLASSIFIER_BATCH, 2 * n),), generator=generator, device=s.device)
@@ -144,19 +191,24 @@ def fit_release_ratio(
 
 
 def widened_loss(
-    mechanism: Mechanism, inner_samples: int, qmc: bool, settings: Widening, ratio: ReleaseRatio
+    mechanism: Mechanism,
+    inner_samples: int,
+    qmc: bool,
+    settings: Widening,
+    ratio: ReleaseRatio,
+    log_prob: Callable[[nn.Module, Tensor, Tensor, Tensor | None], Tensor],
+    with_epsilon: bool,
 ) -> Loss:
-    """The plain SPPE loss on widened releases, weighted back to the exact posterior (module docstring): a batch
-    of ``(z, s, log_prior, prior_rows[, epsilon])`` rows, ``inner_samples`` releases each."""
+    """The plain loss on widened releases, weighted back (module docstring): ``-sum w log_prob(flow, z, y,
+    epsilon)`` with ``log_prob`` the estimator's ``(N, M)`` log density of its pairs, over a batch of ``(z, s,
+    ...[, epsilon])`` rows (``epsilon`` last where ``with_epsilon``), ``inner_samples`` releases each."""
 
     def compute(flow, batch, draws):
-        z, s, _, _, *epsilon = batch
+        z, s, eps = batch[0], batch[1], batch[-1] if with_epsilon else None
         u, pick = draws
-        eps = epsilon[0] if epsilon else None
         y, log_w = widened_releases(mechanism, s, eps, u, pick, settings)
-        context = with_log_epsilon(y, eps)
-        weight = torch.softmax((log_w.to(context) + ratio(context)).flatten(), 0).reshape(log_w.shape)
-        return -(weight * flow.log_prob(z.unsqueeze(-2), context)).sum()
+        weight = torch.softmax((log_w.to(y) + ratio(y, eps)).flatten(), 0).reshape(log_w.shape)
+        return -(weight * log_prob(flow, z, y, eps)).sum()
 
     def draw(rows: int, generator: torch.Generator) -> tuple[Tensor, ...]:
         u = noise_uniforms(rows, mechanism, inner_samples, qmc, generator)
@@ -164,3 +216,27 @@ def widened_loss(
         return u, pick
 
     return Loss(compute, draw)
+
+
+def ancillary_basis(s: Tensor) -> Tensor:
+    """Orthonormal rows ``(k, dim_s)`` spanning the directions along which the summaries ``s (n, dim_s)`` do not
+    vary (their spread at most :data:`ANCILLARY_RTOL` of the largest): the statistic's linear constraints;
+    ``(0, dim_s)`` where it has none."""
+    _, spread, directions = torch.linalg.svd((s - s.mean(0)).double(), full_matrices=True)
+    spread = torch.cat([spread, spread.new_zeros(directions.shape[0] - len(spread))])  # n < dim_s: more free
+    return directions[spread <= ANCILLARY_RTOL * spread[0]].to(s.dtype)
+
+
+def ancillary_problem(basis: Tensor, s: Tensor) -> str | None:
+    """Why ``basis (k, dim_s)`` is not ancillary for the summaries ``s (n, dim_s)`` (none of it, or ``s`` varies
+    along it beyond :data:`ANCILLARY_RTOL` of its largest spread), or ``None``."""
+    if not len(basis):
+        return (
+            "SPLE widens a likelihood flow's releases only along directions in which the statistic never varies "
+            "(its linear constraints), and this task's statistic has none: pass widening=False"
+        )
+    centered = (s - s.mean(0)).double()
+    along = (centered @ basis.double().T).norm(dim=0).max()  # the spreads of ancillary_basis's criterion
+    if along > ANCILLARY_RTOL * torch.linalg.matrix_norm(centered, 2):
+        return f"the statistic varies along its ancillary directions (by {float(along):.3g}): pass widening=False"
+    return None
