@@ -1,7 +1,9 @@
-"""Widened training releases (``SPPE(..., widening=...)``): each coordinate's noise ``factor`` times larger with
-probability ``share``, weighted back by ``eta / r``. The releases and weights against the scalar mechanisms cell by
-cell, the weights' expectations against exact values (a Laplace tail 5 scales out), the refusals, and a resumed fit
-against an uninterrupted one (a widened fit against the exact Poisson-counts posteriors: test_amortized.py)."""
+"""Widened training releases (``SPPE(..., widening=...)``, ``SPLE(..., widening=...)``): each coordinate's noise
+``factor`` times larger with probability ``share``, weighted back by ``eta / r``. The releases and weights against the
+scalar mechanisms cell by cell, the weights' expectations against exact values (a Laplace tail 5 scales out), the
+refusals, and a resumed fit against an uninterrupted one (a widened fit against the exact Poisson-counts
+posteriors: test_amortized.py); SPLE's ancillary directions (naive Bayes' constraints), the normalizer they keep
+flat, and their refusals."""
 
 import math
 
@@ -9,7 +11,13 @@ import pytest
 import torch
 
 import dpsbi
-from dpsbi.inference.widening import Widening, widened_releases
+from dpsbi.inference.widening import (
+    ReleaseRatio,
+    Widening,
+    ancillary_basis,
+    ancillary_problem,
+    widened_releases,
+)
 from dpsbi.mechanisms import Gaussian, Laplace
 from dpsbi.tasks import load
 
@@ -134,11 +142,10 @@ def test_sple_widens_along_the_statistics_linear_constraints_and_refuses_a_stati
 
 def test_a_weight_along_the_ancillary_directions_leaves_the_likelihoods_normalizer_the_same_for_every_statistic():
     """SPLE's optimum is ``eta(y | s) g(y) / c(s)``: the posterior is exact only where ``c(s) = E[g(y) | s]`` does
-    not depend on ``s``. Estimated over widened releases (``E_r[w g]``) at two naive-Bayes tables far apart, ``c``
-    agrees within 4 Monte Carlo standard errors where ``g`` (an untrained classifier) reads the release along the
-    ancillary directions, and differs by more than 20 where it reads the whole release."""
-    from dpsbi.inference.widening import ReleaseRatio, ancillary_basis
-
+    not depend on ``s``. Estimated over the same widened noise draws (``E_r[w g]``) at two naive-Bayes tables far
+    apart, every term agrees to float precision where ``g`` (an untrained classifier) reads the release along the
+    ancillary directions, and the two means lie more than 20 standard errors (of their paired difference) apart
+    where it reads the whole release."""
     task = load("naive_bayes", epsilon=1.5, y_obs="simulate")
     mechanism, n = task.mechanism, 100_000
     basis = ancillary_basis(task.simulate(task.prior.sample((1000,)), torch.Generator().manual_seed(1)))
@@ -146,20 +153,62 @@ def test_a_weight_along_the_ancillary_directions_leaves_the_likelihoods_normaliz
         [[0.40, 0.05, 0.30, 0.15, 0.05, 0.50, 0.50, 0.05], [0.10, 0.20, 0.15, 0.15, 0.35, 0.35, 0.30, 0.40]]
     )
     generator = torch.Generator().manual_seed(2)
-    gaps = {}
+    u, pick = (
+        torch.rand(n, 1, mechanism.noise_dim, generator=generator),
+        torch.rand(n, 1, 8, generator=generator),
+    )
+    terms = {}
     for name, reads in (("ancillary", basis), ("whole", None)):
         torch.manual_seed(3)
         k = len(reads) if reads is not None else 8
         g = ReleaseRatio(torch.zeros(k), torch.full((k,), mechanism.scale), 1000.0, reads).requires_grad_(
             False
         )
-        estimates = []
+        terms[name] = []
         for table in tables:
-            u = torch.rand(n, 1, mechanism.noise_dim, generator=generator)
-            pick = torch.rand(n, 1, 8, generator=generator)
             y, log_w = widened_releases(mechanism, table.expand(n, 8), None, u, pick, Widening())
-            values = (log_w + g(y, None)).exp().double().flatten()
-            estimates.append((values.mean(), values.var() / n))
-        (a, var_a), (b, var_b) = estimates
-        gaps[name] = float(abs(a - b) / (var_a + var_b) ** 0.5)
-    assert gaps["ancillary"] < 4 and gaps["whole"] > 20, gaps
+            terms[name].append((log_w + g(y, None)).exp().double().flatten())
+    a, b = terms["ancillary"]
+    assert float((a - b).abs().max()) <= 1e-5 * float(a.max())
+    difference = terms["whole"][0] - terms["whole"][1]
+    assert abs(float(difference.mean())) > 20 * float(difference.std()) / n**0.5
+
+
+def test_the_ancillary_directions_are_refused_where_the_statistic_moves_along_them_against_the_noise():
+    """Three cells summing to 1 up to ``wobble`` along the constraint, under noise of sd 0.1: the constraint is
+    found, and kept at a wobble of 1e-6 (1e-5 of the noise), refused at 1e-2 (0.1 of it)."""
+    generator = torch.Generator().manual_seed(0)
+    free = torch.rand(5000, 3, generator=generator)
+    constrained = free / free.sum(-1, keepdim=True)
+    along = torch.randn(5000, 1, generator=generator) * torch.ones(3) / 3**0.5
+    noise = 0.1 * torch.randn(5000, 3, generator=generator)
+    basis = ancillary_basis(constrained)
+    torch.testing.assert_close(basis.abs(), torch.full((1, 3), 3**-0.5), atol=1e-5, rtol=0)
+    assert ancillary_problem(basis, (constrained.double() + 1e-6 * along.double()), noise) is None
+    assert "varies along its constrained directions" in ancillary_problem(
+        basis, constrained + 1e-2 * along, noise
+    )
+    assert "has none" in ancillary_problem(ancillary_basis(free), free, noise)
+
+
+def test_a_widened_sple_fit_finds_the_same_directions_each_time_and_its_checkpoint_names_the_widening():
+    naive_bayes = load("naive_bayes")
+    first, second = (dpsbi.SPLE(naive_bayes, amortized=True, widening={"share": 0.1}) for _ in range(2))
+    torch.testing.assert_close(first.ancillary, second.ancillary, rtol=0, atol=0)
+    assert first.fingerprint()["widening"] == Widening(share=0.1).to_dict()
+    assert "widening" not in dpsbi.SPLE(naive_bayes, amortized=True).fingerprint()
+
+
+def test_without_a_simulator_sple_finds_the_directions_on_the_appended_simulations():
+    task = load("naive_bayes")
+    theta = task.prior.sample((2000,))
+    s = task.simulate(theta, torch.Generator().manual_seed(0))
+    task.simulator = None
+    options = dict(widening=dict(classifier_steps=20), training=dict(max_steps=5), progress=False)
+    estimator = dpsbi.SPLE(task, amortized=True, rounds=1, sims_per_round=2000, **options)
+    assert estimator.ancillary is None  # no probe at construction
+    estimator.append_simulations(theta, s).run()
+    constraints = _naive_bayes_constraints()
+    torch.testing.assert_close(
+        constraints @ estimator.ancillary.T @ estimator.ancillary, constraints, atol=1e-5, rtol=0
+    )

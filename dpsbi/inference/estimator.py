@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..files import exclusive
 from ..mechanisms.epsilon import at_epsilons, epsilon_range_problem, log_uniform, nominal_epsilon
@@ -43,7 +43,15 @@ from .training import (
     training_device,
     training_threads,
 )
-from .widening import ReleaseRatio, Widening, ancillary_problem, fit_release_ratio
+from .widening import (
+    ReleaseRatio,
+    Widening,
+    ancillary_basis,
+    ancillary_problem,
+    fit_release_ratio,
+    plain_noise,
+    widened_loss,
+)
 
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
@@ -166,6 +174,8 @@ class SequentialEstimator(abc.ABC):
     method: ClassVar[str]
     #: Whether the flow's context is the release (a posterior flow), else its input (a likelihood flow).
     release_is_context: ClassVar[bool] = True
+    #: Whether ``widening`` weights a release by its ancillary part only (:meth:`release_ratio`; SPLE's).
+    widens_ancillary: ClassVar[bool] = False
     #: Training settings in which this estimator's defaults differ from :class:`TrainingSettings`'; a ``training``
     #: dict is applied over them, a ``TrainingSettings`` instance replaces them.
     training_defaults: ClassVar[dict] = {}
@@ -407,17 +417,31 @@ class SequentialEstimator(abc.ABC):
         one release of each (:meth:`releases`); NaiveNPE's are the summaries themselves."""
         return self.releases(s, generator, epsilon)
 
+    def widened_loss(self, log_prob: Callable[[nn.Module, Tensor, Tensor, Tensor | None], Tensor]) -> Loss:
+        """The plain loss ``-log_prob(flow, z, y, epsilon)`` ``(N, M)`` on widened releases, weighted back
+        (:func:`~dpsbi.inference.widening.widened_loss`)."""
+        mechanism, m, qmc = self.task.mechanism, self.inner_samples, self.qmc
+        with_epsilon = self.epsilon_range is not None
+        return widened_loss(mechanism, m, qmc, self.widening, self.release_ratio(), log_prob, with_epsilon)
+
     def release_ratio(self) -> ReleaseRatio:
-        """The widened releases' marginal ratio (``widening``; along :attr:`ancillary`'s directions where set),
-        fitted once per fit on the first round's training summaries under a seed derived from the fit's (so a
-        resumed fit refits the same), on the training device."""
+        """The widened releases' marginal ratio (``widening``), fitted once per fit on the first round's training
+        summaries under a seed derived from the fit's (so a resumed fit refits the same), on the training device;
+        read along :attr:`ancillary`'s directions where the estimator :attr:`widens_ancillary` (found on those
+        summaries where no probe found them, and checked against the mechanism's noise at the largest epsilon)."""
         if self._release_ratio is None:
             rows = (self.data["round"] == 1) & ~self.data["validation"]
             epsilon = self.data["epsilon"][rows] if self.epsilon_range is not None else None
             s = self.data["s"][rows]
-            problem = None if self.ancillary is None else ancillary_problem(self.ancillary, s)
-            if problem:
-                raise ValueError(problem)
+            if self.widens_ancillary:
+                self.ancillary = ancillary_basis(s) if self.ancillary is None else self.ancillary
+                check = torch.Generator(device=s.device).manual_seed(
+                    derive_seed(self.seed, "ancillary check")
+                )
+                noise = plain_noise(self.task.mechanism, s, self.smallest_noise(), check)
+                problem = ancillary_problem(self.ancillary.to(s.device), s, noise)
+                if problem:
+                    raise ValueError(problem)
             generator = torch.Generator(device=s.device).manual_seed(derive_seed(self.seed, "widening"))
             with training_threads(self.training, s.device):
                 ratio = fit_release_ratio(
@@ -425,6 +449,11 @@ class SequentialEstimator(abc.ABC):
                 )
             self._release_ratio = ratio.to(training_device(self.training))
         return self._release_ratio
+
+    def smallest_noise(self) -> float | None:
+        """The epsilon of the smallest noise trained on: the training range's top, or ``None`` (the task's)."""
+        epsilon_range = self.training_epsilon_range
+        return None if epsilon_range is None else epsilon_range[1]
 
     def training_releases(self) -> TrainingReleases:
         """The release check's statistics (:mod:`~dpsbi.inference.release_check`) of one release of every stored

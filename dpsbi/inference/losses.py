@@ -36,6 +36,18 @@ def with_log_epsilon(x: Tensor, epsilon: Tensor | None) -> Tensor:
     return torch.cat([x, log_eps.expand(x.shape[:-1] + (1,))], -1)
 
 
+def posterior_log_prob(flow, theta: Tensor, y: Tensor, epsilon: Tensor | None = None) -> Tensor:
+    """``log q(theta_i | y_ij)`` ``(N, M)`` of parameters ``theta (N, d)`` at releases ``y (N, M, dim_y)``, each
+    row's ``log epsilon`` appended to its releases where ``epsilon (N,)`` is given."""
+    return flow.log_prob(theta.unsqueeze(-2), with_log_epsilon(y, epsilon))
+
+
+def likelihood_log_prob(flow, theta: Tensor, y: Tensor, epsilon: Tensor | None = None) -> Tensor:
+    """``log q(y_ij | theta_i)`` ``(N, M)`` of releases ``y (N, M, dim_y)`` given parameters ``theta (N, d)``, each
+    row's ``log epsilon`` appended to its parameters where ``epsilon (N,)`` is given."""
+    return flow.log_prob(y, with_log_epsilon(theta, epsilon).unsqueeze(-2))
+
+
 def dequantized(y: Tensor, mechanism: Mechanism, v: Tensor) -> Tensor:
     """Lattice releases ``y (..., dim)`` spread over their cells: ``y + h v`` for ``v`` in ``[0, 1)^k``, ``h`` the
     mechanism's :attr:`~dpsbi.mechanisms.Mechanism.lattice` spacing (``k = dim``). A density of ``y + h v`` with
@@ -138,7 +150,7 @@ def posterior_loss(
     the atoms to the posterior: the atomic term alone leaves it free (leakage).
     """
     if atoms == 1:
-        return _reduce(-flow.log_prob(theta.unsqueeze(-2), y), reduction)
+        return _reduce(-posterior_log_prob(flow, theta, y), reduction)
     if log_prior is None:
         raise ValueError("the atomic loss (atoms > 1) needs log_prior, the prior log density of every row")
     if index is None:
@@ -201,7 +213,7 @@ def sple_loss(
     ``q(y | theta, log epsilon)`` (module docstring). ``u``: the step's uniforms drawn beforehand (else from
     ``generator``)."""
     y = inner_releases(s, mechanism, inner_samples, qmc, generator, dequantize, epsilon, u)
-    return _reduce(-flow.log_prob(y, with_log_epsilon(theta, epsilon).unsqueeze(-2)), reduction)
+    return _reduce(-likelihood_log_prob(flow, theta, y, epsilon), reduction)
 
 
 def _reduce(terms: Tensor, reduction: str) -> Tensor:

@@ -9,16 +9,16 @@ from torch import Tensor
 from ..mechanisms.base import lattice_cells
 from ..tasks import Task
 from .estimator import SequentialEstimator
-from .losses import dequantized, noise_uniforms, sple_loss, with_log_epsilon
+from .losses import dequantized, likelihood_log_prob, noise_uniforms, sple_loss
 from .mcmc import MCMCSettings
 from .posterior import LikelihoodPosterior
 from .seeding import derive_seed
 from .sppe import SPPE
 from .training import Loss
-from .widening import Widening, ancillary_basis, ancillary_problem, resolve_widening, widened_loss
+from .widening import Widening, ancillary_basis, ancillary_problem, plain_noise, resolve_widening
 
-#: Prior simulations that find the statistic's ancillary directions for ``widening`` (the directions of the
-#: 8-cell naive Bayes table's three constraints: spread ~1e-7 of the largest over 1000 of them).
+#: Prior simulations that find the statistic's ancillary directions for ``widening`` at construction (naive Bayes'
+#: three constraints: spread ~1e-7 of the largest over 1000 tables); not counted in a ``budget``.
 ANCILLARY_PROBE = 1000
 
 
@@ -55,6 +55,7 @@ class SPLE(SequentialEstimator):
 
     method = "SPLE"
     release_is_context = False
+    widens_ancillary = True
     settings_groups = {**SequentialEstimator.settings_groups, "mcmc": MCMCSettings}
     #: ``batch_size=None`` and ``weight_decay=None``: chosen per fit, as SPPE's (:meth:`default_batch_size`).
     training_defaults = {"batch_size": None, "weight_decay": None}
@@ -75,8 +76,9 @@ class SPLE(SequentialEstimator):
         **kwargs,
     ) -> None:
         task.mechanism.require_likelihood_flow(self.method)  # a density or a lattice, not an atom on one
+        amortized = bool(kwargs.get("amortized", False))
         if sims_per_round is None:
-            sims_per_round = self.default_sims_per_round(bool(kwargs.get("amortized", False)), task, rounds)
+            sims_per_round = self.default_sims_per_round(amortized, task, rounds)
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         self.mcmc = MCMCSettings.coerce(mcmc)
         self.dequantize = bool(dequantize) and bool(
@@ -88,20 +90,24 @@ class SPLE(SequentialEstimator):
         self.widening = resolve_widening(
             widening, self.default_widening(self.amortized, task), self.amortized, task.mechanism
         )
-        if self.widening is not None:
-            self.ancillary = self._ancillary_basis()
+        if self.widening is not None and task.simulator is not None:
+            self.ancillary = self._ancillary_basis()  # else found on the first round's simulations
 
     def _ancillary_basis(self) -> Tensor:
-        """The directions ``(k, dim_s)`` in which :data:`ANCILLARY_PROBE` prior simulations never vary (under a seed
-        derived from the fit's); refused in one line where there are none."""
+        """The directions ``(k, dim_s)`` in which :data:`ANCILLARY_PROBE` prior simulations never vary (under seeds
+        derived from the fit's), checked against the mechanism's noise at the largest epsilon trained on; refused
+        in one line where there are none."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "ancillary"))
+            torch.manual_seed(derive_seed(self.seed, "ancillary prior"))
             theta = self.task.prior.sample((ANCILLARY_PROBE,))
-        s = self.task.simulate(
-            theta, torch.Generator(device=theta.device).manual_seed(derive_seed(self.seed, "ancillary"))
+        generator = torch.Generator(device=theta.device).manual_seed(
+            derive_seed(self.seed, "ancillary simulate")
         )
+        s = self.task.simulate(theta, generator)
         basis = ancillary_basis(s)
-        problem = ancillary_problem(basis, s)
+        problem = ancillary_problem(
+            basis, s, plain_noise(self.task.mechanism, s, self.smallest_noise(), generator)
+        )
         if problem:
             raise ValueError(problem)
         return basis
@@ -149,15 +155,7 @@ class SPLE(SequentialEstimator):
     def loss(self, round_index: int) -> Loss:
         mechanism, m, qmc, dequantize = self.task.mechanism, self.inner_samples, self.qmc, self.dequantize
         if self.widening is not None:
-            return widened_loss(
-                mechanism,
-                m,
-                qmc,
-                self.widening,
-                self.release_ratio(),
-                _likelihood_log_prob,
-                self.epsilon_range is not None,
-            )
+            return self.widened_loss(likelihood_log_prob)
 
         def compute(flow, batch, draws):
             z, s, *epsilon = batch  # epsilon: with epsilon_range
@@ -192,8 +190,3 @@ class SPLE(SequentialEstimator):
             epsilon_range=self.epsilon_range,
             training_releases=self.training_releases(),
         )
-
-
-def _likelihood_log_prob(flow, z: Tensor, y: Tensor, epsilon: Tensor | None) -> Tensor:
-    """``log q(y_ij | theta_i)`` ``(N, M)`` of releases ``y (N, M, dim_s)`` given parameters ``z (N, dim)``."""
-    return flow.log_prob(y, with_log_epsilon(z, epsilon).unsqueeze(-2))

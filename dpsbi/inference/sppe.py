@@ -8,11 +8,11 @@ from torch import Tensor
 
 from ..tasks import Task, with_options
 from .estimator import SequentialEstimator
-from .losses import atom_indices, noise_uniforms, sppe_loss, with_log_epsilon
+from .losses import atom_indices, noise_uniforms, posterior_log_prob, sppe_loss
 from .posterior import FlowPosterior, Posterior
 from .training import Loss, TrainingSettings
 from .truncation import truncated_prior_draws
-from .widening import Widening, resolve_widening, widened_loss, widening_problem
+from .widening import Widening, resolve_widening, widening_problem
 
 #: The most parameters and statistics (numbers) that an amortized fit's default simulations keep: census_table's
 #: 46 cells and 3 parameters at 10 rounds of 100 000 (49 million) held 1.75 GB in the last round, 3.85 GB at the
@@ -313,15 +313,7 @@ class SPPE(SequentialEstimator):
         atoms = self.atoms_of(round_index)
         mechanism, m, qmc = self.task.mechanism, self.inner_samples, self.qmc
         if self.widening is not None:
-            return widened_loss(
-                mechanism,
-                m,
-                qmc,
-                self.widening,
-                self.release_ratio(),
-                _posterior_log_prob,
-                self.epsilon_range is not None,
-            )
+            return self.widened_loss(posterior_log_prob)
         combined = self.combined_loss and atoms > 1
 
         def compute(flow, batch, draws):
@@ -357,8 +349,3 @@ class SPPE(SequentialEstimator):
             epsilon_range=self.epsilon_range,
             training_releases=self.training_releases(),
         )
-
-
-def _posterior_log_prob(flow, z: Tensor, y: Tensor, epsilon: Tensor | None) -> Tensor:
-    """``log q(theta_i | y_ij)`` ``(N, M)`` of parameters ``z (N, dim)`` at releases ``y (N, M, dim_s)``."""
-    return flow.log_prob(z.unsqueeze(-2), with_log_epsilon(y, epsilon))
