@@ -139,9 +139,9 @@ class SPLE(SequentialEstimator):
         """``inner_samples`` where the call leaves it out: 8 RQMC releases a simulation for a fit at ``y_obs``, 4 for
         an amortized one, whose 100 000 simulations a round already cover the noise. Measured on naive Bayes over
         epsilon 1-10, 20 prior-predictive releases at each of 1.5, 4 and 9 (docs/RESULTS.md, "Four inner releases
-        instead of eight"): the fit in 1757 CPU s against M = 8's 2234 (seed 0; under 30 minutes of one core), mean
-        C2ST 0.515-0.524 at every epsilon in seed 0 and 0.512-0.522 at 1.5 and 4 in seeds 1-2 (M = 8: 0.511-0.524),
-        the worst release as M = 8's within 0.04 (the far-noise release 8 at 1.5: 0.623-0.643 against 0.606-0.653)."""
+        instead of eight"): the fit in 1594-1757 CPU s against M = 8's 2234 (under 30 minutes of one core), mean
+        C2ST 0.512-0.524 in every cell of three seeds (M = 8: 0.511-0.524), the worst release as M = 8's within 0.04
+        (the far-noise release 8 at 1.5: 0.623-0.643 against 0.606-0.653)."""
         return 4 if amortized else 8
 
     def options(self) -> dict:
