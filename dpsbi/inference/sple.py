@@ -50,8 +50,9 @@ class SPLE(SequentialEstimator):
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 7
     rounds of 1000 simulations (6 left SIR at epsilon 10 at C2ST 0.552-0.561 in 2 of 3 seeds; the 7th round
     brings all three to 0.532-0.538), M = 8 RQMC releases per simulation (on SIR's lattice release M = 1 plain
-    MC stalled at C2ST 0.58; 4 in an amortized fit: :meth:`default_inner_samples`), 500 gradient steps a round with a cosine learning rate from 1e-3. :meth:`paper`
-    gives the paper's settings (10 rounds, M = 32, open-ended rounds).
+    MC stalled at C2ST 0.58; 4 in an amortized fit: :meth:`default_inner_samples`), 500 gradient steps a round
+    with a cosine learning rate from 1e-3. :meth:`paper` gives the paper's settings (10 rounds, M = 32,
+    open-ended rounds).
     """
 
     method = "SPLE"
