@@ -43,15 +43,7 @@ from .training import (
     training_device,
     training_threads,
 )
-from .widening import (
-    ReleaseRatio,
-    Widening,
-    ancillary_basis,
-    ancillary_problem,
-    fit_release_ratio,
-    plain_noise,
-    widened_loss,
-)
+from .widening import ReleaseRatio, Widening, ancillary_directions, fit_release_ratio, widened_loss
 
 #: Stored parameters re-simulated on resumption to check that the simulator is the one that made the data.
 PROBE_ROWS = 2
@@ -174,8 +166,6 @@ class SequentialEstimator(abc.ABC):
     method: ClassVar[str]
     #: Whether the flow's context is the release (a posterior flow), else its input (a likelihood flow).
     release_is_context: ClassVar[bool] = True
-    #: Whether ``widening`` weights a release by its ancillary part only (:meth:`release_ratio`; SPLE's).
-    widens_ancillary: ClassVar[bool] = False
     #: Training settings in which this estimator's defaults differ from :class:`TrainingSettings`'; a ``training``
     #: dict is applied over them, a ``TrainingSettings`` instance replaces them.
     training_defaults: ClassVar[dict] = {}
@@ -427,21 +417,20 @@ class SequentialEstimator(abc.ABC):
     def release_ratio(self) -> ReleaseRatio:
         """The widened releases' marginal ratio (``widening``), fitted once per fit on the first round's training
         summaries under a seed derived from the fit's (so a resumed fit refits the same), on the training device;
-        read along :attr:`ancillary`'s directions where the estimator :attr:`widens_ancillary` (found on those
-        summaries where no probe found them, and checked against the mechanism's noise at the largest epsilon)."""
+        read along :attr:`ancillary`'s directions for a likelihood flow, whose optimum only a weight of the
+        release's ancillary part leaves exact (found on those summaries where no probe found them, and checked
+        against the mechanism's noise at the largest epsilon)."""
         if self._release_ratio is None:
             rows = (self.data["round"] == 1) & ~self.data["validation"]
             epsilon = self.data["epsilon"][rows] if self.epsilon_range is not None else None
             s = self.data["s"][rows]
-            if self.widens_ancillary:
-                self.ancillary = ancillary_basis(s) if self.ancillary is None else self.ancillary
+            if not self.release_is_context:
                 check = torch.Generator(device=s.device).manual_seed(
                     derive_seed(self.seed, "ancillary check")
                 )
-                noise = plain_noise(self.task.mechanism, s, self.smallest_noise(), check)
-                problem = ancillary_problem(self.ancillary.to(s.device), s, noise)
-                if problem:
-                    raise ValueError(problem)
+                self.ancillary = ancillary_directions(
+                    self.task.mechanism, s, self.smallest_noise(), check, self.ancillary
+                )
             generator = torch.Generator(device=s.device).manual_seed(derive_seed(self.seed, "widening"))
             with training_threads(self.training, s.device):
                 ratio = fit_release_ratio(

@@ -15,7 +15,7 @@ from .posterior import LikelihoodPosterior
 from .seeding import derive_seed
 from .sppe import SPPE
 from .training import Loss
-from .widening import Widening, ancillary_basis, ancillary_problem, plain_noise, resolve_widening
+from .widening import Widening, ancillary_directions, resolve_widening
 
 #: Prior simulations that find the statistic's ancillary directions for ``widening`` at construction (naive Bayes'
 #: three constraints: spread ~1e-7 of the largest over 1000 tables); not counted in a ``budget``.
@@ -57,7 +57,6 @@ class SPLE(SequentialEstimator):
 
     method = "SPLE"
     release_is_context = False
-    widens_ancillary = True
     settings_groups = {**SequentialEstimator.settings_groups, "mcmc": MCMCSettings}
     #: ``batch_size=None`` and ``weight_decay=None``: chosen per fit, as SPPE's (:meth:`default_batch_size`).
     training_defaults = {"batch_size": None, "weight_decay": None}
@@ -108,13 +107,7 @@ class SPLE(SequentialEstimator):
             derive_seed(self.seed, "ancillary simulate")
         )
         s = self.task.simulate(theta, generator)
-        basis = ancillary_basis(s)
-        problem = ancillary_problem(
-            basis, s, plain_noise(self.task.mechanism, s, self.smallest_noise(), generator)
-        )
-        if problem:
-            raise ValueError(problem)
-        return basis
+        return ancillary_directions(self.task.mechanism, s, self.smallest_noise(), generator)
 
     @staticmethod
     def default_sims_per_round(amortized: bool, task: Task, rounds: int) -> int:

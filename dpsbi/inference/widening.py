@@ -239,6 +239,23 @@ def plain_noise(mechanism: Mechanism, s: Tensor, epsilon: float | None, generato
     return mechanism.sample(s, u) - s
 
 
+def ancillary_directions(
+    mechanism: Mechanism,
+    s: Tensor,
+    epsilon: float | None,
+    generator: torch.Generator,
+    basis: Tensor | None = None,
+) -> Tensor:
+    """``basis`` (found on the summaries ``s (n, dim_s)`` where ``None``: :func:`ancillary_basis`), checked against
+    one draw of the mechanism's noise at ``epsilon`` (its largest trained on) from ``generator``; a one-line
+    ``ValueError`` where :func:`ancillary_problem` finds one."""
+    basis = ancillary_basis(s) if basis is None else basis.to(s.device)
+    problem = ancillary_problem(basis, s, plain_noise(mechanism, s, epsilon, generator))
+    if problem:
+        raise ValueError(problem)
+    return basis
+
+
 def ancillary_problem(basis: Tensor, s: Tensor, noise: Tensor) -> str | None:
     """Why ``basis (k, dim_s)`` cannot be read as the releases' ancillary part for the summaries ``s (n, dim_s)``
     with ``noise (n, dim_s)`` (the mechanism's, at its smallest), or ``None``: it is empty, or the summaries vary
