@@ -45,7 +45,7 @@ class SPLE(SequentialEstimator):
     releases take widened noise, weighted back by the ratio of their ancillary part only (the release along the
     directions in which the statistic never varies, found on :data:`ANCILLARY_PROBE` prior simulations), so that
     releases whose noise lies far out are common in training while ``prior x q(y_obs | .)`` stays the exact
-    posterior's optimum (:mod:`~dpsbi.inference.widening`). ``None``: :meth:`default_widening`.
+    posterior's optimum (:mod:`~dpsbi.inference.widening`). ``None``: :meth:`default_widening` (naive Bayes: on).
 
     Defaults, from the accuracy-per-second frontier on one CPU core (docs/RESULTS.md, "Fast by default"): 7
     rounds of 1000 simulations (6 left SIR at epsilon 10 at C2ST 0.552-0.561 in 2 of 3 seeds; the 7th round
@@ -93,13 +93,15 @@ class SPLE(SequentialEstimator):
         self.widening = resolve_widening(
             widening, self.default_widening(self.amortized, task), self.amortized, task.mechanism
         )
-        if self.widening is not None and task.simulator is not None:
-            self.ancillary = self._ancillary_basis()  # else found on the first round's simulations
+        if self.widening is not None and task.simulator is not None:  # else found on the first round's
+            self.ancillary = self._ancillary_basis(required=widening is not None)
+            if self.ancillary is None:  # the default's, on a statistic without constraints: trained plain
+                self.widening = None
 
-    def _ancillary_basis(self) -> Tensor:
+    def _ancillary_basis(self, required: bool) -> Tensor | None:
         """The directions ``(k, dim_s)`` in which :data:`ANCILLARY_PROBE` prior simulations never vary (under seeds
-        derived from the fit's), checked against the mechanism's noise at the largest epsilon trained on; refused
-        in one line where there are none."""
+        derived from the fit's), checked against the mechanism's noise at the largest epsilon trained on; where
+        there are none, refused in one line (``required``) or ``None``."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, "ancillary prior"))
             theta = self.task.prior.sample((ANCILLARY_PROBE,))
@@ -107,7 +109,9 @@ class SPLE(SequentialEstimator):
             derive_seed(self.seed, "ancillary simulate")
         )
         s = self.task.simulate(theta, generator)
-        return ancillary_directions(self.task.mechanism, s, self.smallest_noise(), generator)
+        return ancillary_directions(
+            self.task.mechanism, s, self.smallest_noise(), generator, required=required
+        )
 
     @staticmethod
     def default_sims_per_round(amortized: bool, task: Task, rounds: int) -> int:
@@ -123,10 +127,12 @@ class SPLE(SequentialEstimator):
 
     @staticmethod
     def default_widening(amortized: bool, task: Task) -> bool:
-        """``widening`` where the call leaves it out: off. Measured in one seed on naive Bayes over epsilon 1-10
-        (docs/RESULTS.md, "Amortized SPLE, first scored"): the far-noise release 8 at 1.5 from C2ST 0.642 to 0.570,
-        the mean 0.524 -> 0.521; the default waits for more seeds."""
-        return False
+        """``widening`` where the call leaves it out: on where SPPE's is (:meth:`SPPE.default_widening`: an amortized
+        fit of a task whose missed releases are far noise draws, naive Bayes) and the task has a simulator to find
+        the statistic's constraints on before the fit (quietly off where the statistic has none). Measured on
+        naive Bayes over epsilon 1-10 (docs/RESULTS.md, "Amortized SPLE, first scored"): the far-noise release 8 at
+        1.5 from C2ST 0.642 to 0.570 in seed 0, the mean 0.524 -> 0.521."""
+        return SPPE.default_widening(amortized, task) and task.simulator is not None
 
     @staticmethod
     def default_inner_samples(amortized: bool) -> int:

@@ -245,15 +245,16 @@ def ancillary_directions(
     epsilon: float | None,
     generator: torch.Generator,
     basis: Tensor | None = None,
-) -> Tensor:
+    required: bool = True,
+) -> Tensor | None:
     """``basis`` (found on the summaries ``s (n, dim_s)`` where ``None``: :func:`ancillary_basis`), checked against
-    one draw of the mechanism's noise at ``epsilon`` (its largest trained on) from ``generator``; a one-line
-    ``ValueError`` where :func:`ancillary_problem` finds one."""
+    one draw of the mechanism's noise at ``epsilon`` (its largest trained on) from ``generator``; where
+    :func:`ancillary_problem` finds one, a one-line ``ValueError`` (``required``) or ``None``."""
     basis = ancillary_basis(s) if basis is None else basis.to(s.device)
     problem = ancillary_problem(basis, s, plain_noise(mechanism, s, epsilon, generator))
-    if problem:
+    if problem and required:
         raise ValueError(problem)
-    return basis
+    return None if problem else basis
 
 
 def ancillary_problem(basis: Tensor, s: Tensor, noise: Tensor) -> str | None:

@@ -69,7 +69,8 @@ class Task:
     costly_simulator: bool = False
     #: True where the releases an amortized fit misses are made by one far noise draw rather than by parameters in
     #: the prior's tails (naive Bayes: a cell 8-11 Laplace scales out): an amortized SPPE fit then widens its
-    #: training noise by default (:meth:`~dpsbi.inference.sppe.SPPE.default_widening`).
+    #: training noise by default (:meth:`~dpsbi.inference.sppe.SPPE.default_widening`), as does an amortized SPLE fit
+    #: along the statistic's linear constraints where it has them (:meth:`~dpsbi.inference.sple.SPLE.default_widening`).
     amortized_widening: bool = False
     #: The task's own measured recipe for an amortized SPPE fit: SPPE keyword arguments (``rounds`` with the
     #: ``sims_per_round`` and ``training`` fields that go with it, ``task_options``, ``epsilon_margin``) that
