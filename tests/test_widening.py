@@ -210,6 +210,7 @@ def test_without_a_simulator_sple_finds_the_directions_on_the_appended_simulatio
     theta = task.prior.sample((2000,))
     s = task.simulate(theta, torch.Generator().manual_seed(0))
     task.simulator = None
+    assert dpsbi.SPLE(task, amortized=True).widening is None  # the default: no probe before the fit
     options = dict(widening=dict(classifier_steps=20), training=dict(max_steps=5), progress=False)
     estimator = dpsbi.SPLE(task, amortized=True, rounds=1, sims_per_round=2000, **options)
     assert estimator.ancillary is None  # no probe at construction

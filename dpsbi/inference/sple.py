@@ -95,7 +95,7 @@ class SPLE(SequentialEstimator):
         )
         if self.widening is not None and task.simulator is not None:  # else found on the first round's
             self.ancillary = self._ancillary_basis(required=widening is not None)
-            if self.ancillary is None:  # the default's, on a statistic without constraints: trained plain
+            if self.ancillary is None:  # the default's, no usable constraints: trained plain
                 self.widening = None
 
     def _ancillary_basis(self, required: bool) -> Tensor | None:
@@ -129,7 +129,7 @@ class SPLE(SequentialEstimator):
     def default_widening(amortized: bool, task: Task) -> bool:
         """``widening`` where the call leaves it out: on where SPPE's is (:meth:`SPPE.default_widening`: an amortized
         fit of a task whose missed releases are far noise draws, naive Bayes) and the task has a simulator to find
-        the statistic's constraints on before the fit (quietly off where the statistic has none). Measured on
+        the statistic's constraints on before the fit (quietly off where it has no usable ones). Measured on
         naive Bayes over epsilon 1-10, 20 prior-predictive releases at 1.5 and 9 (docs/RESULTS.md, "Amortized SPLE,
         first scored"): the worst release 0.567-0.570 at 1.5 in three seeds (plain 0.623-0.643) and 0.531-0.537 at 9
         (seeds 1-2; plain 0.578-0.614), means level, SBC and TARP passing, for 1922-1946 CPU s of fit (plain
