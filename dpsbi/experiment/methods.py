@@ -263,8 +263,7 @@ def check_settings(method: Method, task: Task, settings: dict, seed: int) -> Non
     """Raise ``ValueError`` or ``TypeError`` naming the problem when ``method`` cannot take ``settings``,
     without fitting anything: a neural estimator is constructed (it validates every setting; a widened SPLE,
     naive Bayes' amortized default, simulates its 1000-table probe of the statistic's constraints), a baseline's
-    keywords are bound
-    to its signature (unknown or missing keywords)."""
+    keywords are bound to its signature (unknown or missing keywords)."""
     if method.neural:
         estimator = _estimator(method, task, settings, seed=seed, checkpoint_dir=None, progress=False)
         _check_epsilon_range(estimator, task)
