@@ -93,9 +93,10 @@ class SPLE(SequentialEstimator):
         self.widening = resolve_widening(
             widening, self.default_widening(self.amortized, task), self.amortized, task.mechanism
         )
-        if self.widening is not None and task.simulator is not None:  # else found on the first round's
+        # without a simulator the directions are found on round 1's data; asked for, none is refused in one line
+        if self.widening is not None and task.simulator is not None:
             self.ancillary = self._ancillary_basis(required=widening is not None)
-            if self.ancillary is None:  # the default's, no usable constraints: trained plain
+            if self.ancillary is None:  # the default met no usable constraints: trained plain
                 self.widening = None
 
     def _ancillary_basis(self, required: bool) -> Tensor | None:
