@@ -6,7 +6,9 @@ SPPE's atomic step on regression at epsilon 1 (batch ``B``, ``M = 1`` release, 1
 evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluations); with ``--step
 sir_amortized`` SIR's amortized step instead (the plain loss over epsilon 0.1-10, one binomial-curve release a
 row, ``B`` flow evaluations; B = 1000 is the amortized default); with ``--step census_amortized`` the census
-table's (46 cells, discrete Gaussian noise over rho 0.15-0.7, one release a row). Eager, replayed as a CUDA
+table's (46 cells, discrete Gaussian noise over rho 0.15-0.7, one release a row); with ``--step
+naive_bayes_sple_amortized`` SPLE's amortized step on naive Bayes (epsilon 1-10 around the stored release at 10, the default ``M = 4`` widened
+releases a row: ``4 B`` evaluations; B = 1000 is the default). Eager, replayed as a CUDA
 graph (``cuda_graph``, what a fit on CUDA runs by default), and compiled (``torch.compile``, CUDA only by default)
 with its compile time. Each row: the median over ``--repeats`` timed
 steps after ``--warmup`` steps (CUDA synchronized around each), written to ``--json`` as it is measured. CPU
@@ -28,19 +30,30 @@ import dpsbi
 from dpsbi.inference.training import TrainingSettings, _deterministic, _Round, batches
 
 SIZES = (100, 1000, 10000)
-#: The steps timed: SPPE's arguments beside the task (``--step``).
+#: The steps timed (``--step``): the task, its epsilon, the estimator and its arguments beside the task.
 STEPS = {
-    "regression": ("regression", 1.0, {}),
-    "sir_amortized": ("sir", 1.0, {"amortized": True, "epsilon_range": (0.1, 10.0)}),
-    "census_amortized": ("census_table", 4.6574, {"amortized": True, "epsilon_range": (2.8818, 10.0343)}),
+    "regression": ("regression", 1.0, dpsbi.SPPE, {}),
+    "sir_amortized": ("sir", 1.0, dpsbi.SPPE, {"amortized": True, "epsilon_range": (0.1, 10.0)}),
+    "census_amortized": (
+        "census_table",
+        4.6574,
+        dpsbi.SPPE,
+        {"amortized": True, "epsilon_range": (2.8818, 10.0343)},
+    ),
+    "naive_bayes_sple_amortized": (
+        "naive_bayes",
+        10.0,
+        dpsbi.SPLE,
+        {"amortized": True, "epsilon_range": (1.0, 10.0), "inner_samples": 4},
+    ),
 }
 
 
-def _estimator(backend: str, batch: int, step: str = "regression") -> dpsbi.SPPE:
-    """SPPE on ``step``'s task (:data:`STEPS`) with ``2 batch`` stored simulations and a flow built on them (one
-    tiny round on the CPU), ready for its loss of the second round (atomic on regression)."""
-    name, epsilon, options = STEPS[step]
-    estimator = dpsbi.SPPE(
+def _estimator(backend: str, batch: int, step: str = "regression") -> dpsbi.SPPE | dpsbi.SPLE:
+    """``step``'s estimator on its task (:data:`STEPS`) with ``2 batch`` stored simulations and a flow built on
+    them (one tiny round on the CPU), ready for its loss of the second round (SPPE's atomic on regression)."""
+    name, epsilon, method, options = STEPS[step]
+    estimator = method(
         dpsbi.tasks.load(name, epsilon=epsilon),
         rounds=1,
         sims_per_round=max(2 * batch, 200),
@@ -142,7 +155,7 @@ def measure(
         "backend": backend,
         "device": device.type,
         "batch": batch,
-        "flow_evaluations": batch * estimator.atoms_of(1),
+        "flow_evaluations": batch * estimator.step_work(1) // estimator.training.batch_size,
         "compiled": compiled,
         "cuda_graph": graph,
         "deterministic": deterministic,

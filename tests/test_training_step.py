@@ -12,7 +12,7 @@ import torch
 
 import dpsbi
 from dpsbi.inference import FlowSettings
-from dpsbi.inference.training import TrainingSettings, _Round, batches, compiles
+from dpsbi.inference.training import CPU_COMPILE_REFUSED, TrainingSettings, _Round, batches, compiles
 
 TINY = dict(
     sims_per_round=60,
@@ -165,6 +165,55 @@ def test_cuda_graphs_are_refused_where_they_cannot_run():
     assert compiles(TrainingSettings(), cuda, 5000) and not compiles(
         TrainingSettings(cuda_graph=True), cuda, 5000
     )
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="torch 2.13's CPU compiler (inductor) gets the spline's gradients wrong: when this passes, "
+                "lift CPU_COMPILE_REFUSED",
+            ),
+        ),
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    ],
+)
+def test_the_compiled_spline_has_the_eager_gradients(device):
+    """The spline compiled by torch's code generator (inductor) against eager, values and gradients: what a
+    compiled training step rests on. On the CPU (torch 2.13) the gradients of the widths and heights are off by
+    75-130 % (a softmax of the squashed bins followed by their running sum), so a fit there never compiles
+    (``CPU_COMPILE_REFUSED``); on CUDA, where ``compile="auto"`` compiles long rounds, they must agree."""
+    from dpsbi.inference.spline_flow import OneHotRQSTransform
+
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.randn(512, 8, k, generator=generator).to(device) for k in (10, 10, 9)]
+    x = (torch.randn(512, 8, generator=generator) * 3).to(device)  # some beyond the bound 5
+
+    def objective(widths, heights, derivatives):
+        y, ladj = OneHotRQSTransform(widths, heights, derivatives, bound=5.0).call_and_ladj(x)
+        return y.sin().mean() + ladj.mean()
+
+    out = []
+    for run in (objective, torch.compile(objective, fullgraph=True, dynamic=False)):
+        leaves = [p.clone().requires_grad_(True) for p in params]
+        value = run(*leaves)
+        out.append((value.detach(), torch.autograd.grad(value, leaves)))
+    (eager, eager_grads), (compiled, compiled_grads) = out
+    assert torch.allclose(eager, compiled, rtol=1e-5)
+    for a, b in zip(eager_grads, compiled_grads, strict=True):
+        assert float((a - b).norm() / a.norm()) < 1e-4
+
+
+def test_compiling_on_the_cpu_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="torch's CPU compiler gets the spline flow's gradients wrong"):
+        TrainingSettings(accelerator="cpu", compile=True)
+    with pytest.raises(ValueError) as refused:
+        compiles(TrainingSettings(compile=True), torch.device("cpu"), 10)
+    assert str(refused.value) == CPU_COMPILE_REFUSED and "\n" not in CPU_COMPILE_REFUSED
+    assert not compiles(TrainingSettings(), torch.device("cpu"), 10_000)  # "auto" never compiles there
 
 
 def test_the_one_hot_spline_is_zukos_spline_value_for_value():
