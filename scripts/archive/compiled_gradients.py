@@ -1,0 +1,52 @@
+"""Where torch's CPU compiler (inductor, torch 2.13) gets the spline's gradients wrong: ``OMP_NUM_THREADS=1
+python scripts/archive/compiled_gradients.py``.
+
+The widths' part of zuko's rational-quadratic spline (squashed, softmax, running sum), piece by piece: each
+function's gradient compiled (``torch.compile``, inductor, and ``aot_eager``, torch's graph run without inductor's
+code) against eager, as the relative norm of the difference. Printed one line a case. RESULTS, "Compiled on the
+CPU: faster, and wrong"; the whole spline's check is ``tests/test_training_step.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+warnings.filterwarnings("ignore")
+torch.set_num_threads(1)
+torch.manual_seed(0)
+W, R, L = torch.randn(512, 8, 10), torch.randn(512, 8, 10), math.log(1e-3)
+
+
+def squash(w):
+    return w / (1 + abs(2 * w / L))  # zuko's bound on the unconstrained widths (slope 1e-3)
+
+
+CASES = {
+    "squash": lambda w: (squash(w) * R).sum(),
+    "softmax": lambda w: (F.softmax(w, -1) * R).sum(),
+    "cumsum": lambda w: (w.cumsum(-1) * R).sum(),
+    "squash, softmax": lambda w: (F.softmax(squash(w), -1) * R).sum(),
+    "squash, cumsum": lambda w: (squash(w).cumsum(-1) * R).sum(),
+    "softmax, cumsum": lambda w: (F.softmax(w, -1).cumsum(-1) * R).sum(),
+    "squash, softmax, cumsum": lambda w: (F.softmax(squash(w), -1).cumsum(-1) * R).sum(),
+}
+
+
+def gradient(f, w):
+    w = w.clone().requires_grad_(True)
+    f(w).backward()
+    return w.grad
+
+
+for name, f in CASES.items():
+    eager = gradient(f, W)
+    errors = []
+    for backend in ("inductor", "aot_eager"):
+        torch._dynamo.reset()
+        compiled = gradient(torch.compile(f, fullgraph=True, dynamic=False, backend=backend), W)
+        errors.append(f"{backend} {float((compiled - eager).norm() / eager.norm()):.2e}")
+    print(f"{name}: {', '.join(errors)}", flush=True)
