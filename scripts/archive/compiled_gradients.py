@@ -3,7 +3,9 @@ python scripts/archive/compiled_gradients.py``.
 
 The widths' part of zuko's rational-quadratic spline (squashed, softmax, running sum), piece by piece: each
 function's gradient compiled (``torch.compile``, inductor, and ``aot_eager``, torch's graph run without inductor's
-code) against eager, as the relative norm of the difference. Printed one line a case. RESULTS, "Compiled on the
+code) against eager, as the relative norm of the difference. Printed one line a case. The last two cases: dpsbi's
+running sum (``running_sum``, a cumsum down columns), and the same sums as a product with a triangular matrix of ones
+(another summation order, so not bit for bit the eager cumsum's). RESULTS, "Compiled on the
 CPU: faster, and wrong"; the whole spline's check is ``tests/test_training_step.py``.
 """
 
@@ -33,6 +35,12 @@ CASES = {
     "squash, cumsum": lambda w: (squash(w).cumsum(-1) * R).sum(),
     "softmax, cumsum": lambda w: (F.softmax(w, -1).cumsum(-1) * R).sum(),
     "squash, softmax, cumsum": lambda w: (F.softmax(squash(w), -1).cumsum(-1) * R).sum(),
+    "squash, softmax, running sum down columns": lambda w: (
+        F.softmax(squash(w), -1).movedim(-1, 0).cumsum(0).movedim(0, -1) * R
+    ).sum(),
+    "squash, softmax, running sum as a triangular product": lambda w: (
+        F.softmax(squash(w), -1) @ torch.triu(torch.ones(10, 10)) * R
+    ).sum(),
 }
 
 
