@@ -5,7 +5,7 @@ The widths' part of zuko's rational-quadratic spline (squashed, softmax, running
 function's gradient compiled (``torch.compile``, inductor, and ``aot_eager``, torch's graph run without inductor's
 code) against eager, as the relative norm of the difference. Printed one line a case. The last two cases: dpsbi's
 running sum (``running_sum``, a cumsum down columns), and the same sums as a product with a triangular matrix of ones
-(another summation order, so not bit for bit the eager cumsum's). RESULTS, "Compiled on the
+(another summation order, so not bit for bit the eager cumsum's); then the whole one-hot spline with each. RESULTS, "Compiled on the
 CPU: faster, and wrong"; the whole spline's check is ``tests/test_training_step.py``.
 """
 
@@ -58,3 +58,43 @@ for name, f in CASES.items():
         compiled = gradient(torch.compile(f, fullgraph=True, dynamic=False, backend=backend), W)
         errors.append(f"{backend} {float((compiled - eager).norm() / eager.norm()):.2e}")
     print(f"{name}: {', '.join(errors)}", flush=True)
+
+
+def running_sum_compiling_as_product(x):
+    """dpsbi's ``running_sum``, but a product with a triangular matrix of ones while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return x @ torch.triu(torch.ones(x.shape[-1], x.shape[-1], dtype=x.dtype, device=x.device))
+    return x.movedim(-1, 0).cumsum(0).movedim(0, -1)
+
+
+def spline_gradients() -> None:
+    """The whole one-hot spline (the case of ``tests/test_training_step.py``) compiled against eager, with dpsbi's
+    ``running_sum`` and with :func:`running_sum_compiling_as_product` in its place."""
+    from dpsbi.inference import spline_flow
+
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.randn(512, 8, k, generator=generator) for k in (10, 10, 9)]
+    x = torch.randn(512, 8, generator=generator) * 3
+
+    def objective(widths, heights, derivatives):
+        y, ladj = spline_flow.OneHotRQSTransform(widths, heights, derivatives, bound=5.0).call_and_ladj(x)
+        return y.sin().mean() + ladj.mean()
+
+    for label, running in (
+        ("cumsum", spline_flow.running_sum),
+        ("product", running_sum_compiling_as_product),
+    ):
+        spline_flow.running_sum = running
+        torch._dynamo.reset()
+        grads = []
+        for run in (objective, torch.compile(objective, fullgraph=True, dynamic=False)):
+            leaves = [p.clone().requires_grad_(True) for p in params]
+            grads.append(torch.autograd.grad(run(*leaves), leaves))
+        errors = [f"{float((b - a).norm() / a.norm()):.1e}" for a, b in zip(*grads, strict=True)]
+        print(
+            f"one-hot spline, running sum by {label}: widths, heights, derivatives {', '.join(errors)}",
+            flush=True,
+        )
+
+
+spline_gradients()
