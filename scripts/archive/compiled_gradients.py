@@ -5,8 +5,8 @@ The widths' part of zuko's rational-quadratic spline (squashed, softmax, running
 function's gradient compiled (``torch.compile``, inductor, and ``aot_eager``, torch's graph run without inductor's
 code) against eager, as the relative norm of the difference. Printed one line a case. The last two cases: dpsbi's
 running sum (``running_sum``, a cumsum down columns), and the same sums as a product with a triangular matrix of ones
-(another summation order, so not bit for bit the eager cumsum's); then the whole one-hot spline with each. RESULTS, "Compiled on the
-CPU: faster, and wrong"; the whole spline's check is ``tests/test_training_step.py``.
+(another summation order, so not bit for bit the eager cumsum's); then the whole one-hot spline with each. RESULTS,
+"Compiled on the CPU: faster, and wrong"; the whole spline's check is ``tests/test_training_step.py``.
 """
 
 from __future__ import annotations
