@@ -7,10 +7,10 @@ evaluations), at B = 100 (the default step), 1 000 and 10 000 (100 000 evaluatio
 sir_amortized`` SIR's amortized step instead (the plain loss over epsilon 0.1-10, one binomial-curve release a
 row, ``B`` flow evaluations; B = 1000 is the amortized default); with ``--step census_amortized`` the census
 table's (46 cells, discrete Gaussian noise over rho 0.15-0.7, one release a row); with ``--step
-naive_bayes_sple_amortized`` SPLE's amortized step on naive Bayes (epsilon 1-10 around the stored release at 10, the default ``M = 4`` widened
-releases a row: ``4 B`` evaluations; B = 1000 is the default). Eager, replayed as a CUDA
-graph (``cuda_graph``, what a fit on CUDA runs by default), and compiled (``torch.compile``, CUDA only by default)
-with its compile time. Each row: the median over ``--repeats`` timed
+naive_bayes_sple_amortized`` SPLE's amortized step on naive Bayes (epsilon 1-10 around the stored release at 10,
+the default ``M = 4`` widened releases a row: ``4 B`` evaluations; B = 1000 is the default). Eager, replayed as a
+CUDA graph (``cuda_graph``, what a fit on CUDA runs by default), and compiled (``torch.compile``, CUDA only: a fit
+refuses it on the CPU) with its compile time. Each row: the median over ``--repeats`` timed
 steps after ``--warmup`` steps (CUDA synchronized around each), written to ``--json`` as it is measured. CPU
 rows use one torch thread (the fits' default).
 """
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
     parser.add_argument("--step", choices=list(STEPS), default="regression", help="the step timed")
     parser.add_argument(
-        "--compile-on", nargs="*", default=["cuda"], help="devices whose dpsbi rows are also compiled"
+        "--compile-on", nargs="*", default=["cuda"], help="CUDA devices whose dpsbi rows are also compiled"
     )
     parser.add_argument(
         "--compile-modes", nargs="*", default=["default"], help="torch.compile modes of those rows"
@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", help="append each row to this JSON-lines file as it is measured")
     parser.add_argument("--profile", help="append each eager row's costliest operators to this file")
     args = parser.parse_args(argv)
+    if "cpu" in args.compile_on:
+        parser.error("--compile-on cpu: a fit refuses compile=True on the CPU (training.CPU_COMPILE_REFUSED)")
     torch.set_num_threads(1)
     plan = [(d, b, n, None, False, False) for d in args.devices for b in args.backends for n in args.sizes]
     cuda = [d for d in args.devices if d == "cuda"]

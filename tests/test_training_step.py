@@ -172,11 +172,18 @@ def test_cuda_graphs_are_refused_where_they_cannot_run():
     [
         pytest.param(
             "cpu",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="torch 2.13's CPU compiler (inductor) gets the spline's gradients wrong: when this passes, "
-                "lift CPU_COMPILE_REFUSED",
-            ),
+            marks=[
+                pytest.mark.xfail(
+                    raises=AssertionError,
+                    strict=torch.__version__.startswith("2.13"),
+                    reason="torch 2.13's CPU compiler (inductor) gets the spline's gradients wrong: when this passes, "
+                    "redo docs/RESULTS.md's checks ('Compiled on the CPU'), then lift CPU_COMPILE_REFUSED",
+                ),
+                pytest.mark.skipif(
+                    torch.cuda.is_available(),
+                    reason="the GPU check runs the CUDA case only (its time budget)",
+                ),
+            ],
         ),
         pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
     ],
@@ -184,7 +191,7 @@ def test_cuda_graphs_are_refused_where_they_cannot_run():
 def test_the_compiled_spline_has_the_eager_gradients(device):
     """The spline compiled by torch's code generator (inductor) against eager, values and gradients: what a
     compiled training step rests on. On the CPU (torch 2.13) the gradients of the widths and heights are off by
-    75-130 % (a softmax of the squashed bins followed by their running sum), so a fit there never compiles
+    75-132 % (a softmax of the squashed bins followed by their running sum), so a fit there never compiles
     (``CPU_COMPILE_REFUSED``); on CUDA, where ``compile="auto"`` compiles long rounds, they must agree."""
     from dpsbi.inference.spline_flow import OneHotRQSTransform
 
@@ -210,6 +217,10 @@ def test_the_compiled_spline_has_the_eager_gradients(device):
 def test_compiling_on_the_cpu_is_refused_in_one_line():
     with pytest.raises(ValueError, match="torch's CPU compiler gets the spline flow's gradients wrong"):
         TrainingSettings(accelerator="cpu", compile=True)
+    with pytest.raises(ValueError, match="invalid training settings: compile=1"):
+        TrainingSettings(
+            accelerator="cpu", compile=1
+        )  # equal to True, so it would slip past an `is True` check
     with pytest.raises(ValueError) as refused:
         compiles(TrainingSettings(compile=True), torch.device("cpu"), 10)
     assert str(refused.value) == CPU_COMPILE_REFUSED and "\n" not in CPU_COMPILE_REFUSED

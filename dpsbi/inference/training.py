@@ -41,7 +41,7 @@ MIXED = ("bf16-mixed",)
 #: (``mode="reduce-overhead"``): the eager step is bound by kernel launches, not by arithmetic.
 COMPILE_MIN_STEPS = 2000
 #: Why a training step is never compiled on the CPU: torch's CPU code generator (inductor, torch 2.13) gets the
-#: spline's gradients wrong, the widths' and heights' off by 75-130 % (a softmax of the squashed bins followed by
+#: spline's gradients wrong, the widths' and heights' off by 75-132 % (a softmax of the squashed bins followed by
 #: their running sum; ``tests/test_training_step.py``), and a compiled fit degrades round by round (docs/RESULTS.md,
 #: "Compiled on the CPU: faster, and wrong").
 CPU_COMPILE_REFUSED = (
@@ -122,8 +122,9 @@ class TrainingSettings(Settings):
             "devices": self.devices in (1, "1", "auto") or _device_index(self.devices) is not None,
             "precision": str(self.precision) in (*PRECISIONS, *MIXED),
             "threads": self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
-            "compile": self.compile in (True, False, "auto"),
-            "cuda_graph": self.cuda_graph in (True, False, "auto"),
+            "compile": isinstance(self.compile, bool)
+            or self.compile == "auto",  # not 1: it would pass as True
+            "cuda_graph": isinstance(self.cuda_graph, bool) or self.cuda_graph == "auto",
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -140,7 +141,8 @@ class TrainingSettings(Settings):
                 f"training cuda_graph=True needs CUDA, compile off and precision 32 or 64 (got accelerator="
                 f"{self.accelerator!r}, compile={self.compile!r}, precision={self.precision!r}); use 'auto'"
             )
-        if self.compile is True and self.accelerator == "cpu":  # "auto" that finds no GPU: refused at the fit
+        cpu = self.accelerator == "cpu" or (self.accelerator == "auto" and not torch.cuda.is_available())
+        if self.compile is True and cpu:  # before any simulation; compiles() refuses it again at the fit
             raise ValueError(CPU_COMPILE_REFUSED)
         if self.lr_schedule == "cosine" and self.max_steps is None:
             raise ValueError(
@@ -206,7 +208,8 @@ def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
 
 def compiles(settings: TrainingSettings, device: torch.device, steps: int | None) -> bool:
     """Whether a fit of ``steps`` steps (``None``: open-ended) compiles its loss (``compile``); ``"auto"`` gives
-    way to ``cuda_graph=True``. ``compile=True`` on the CPU is refused in one line (:data:`CPU_COMPILE_REFUSED`)."""
+    way to ``cuda_graph=True``. ``compile=True`` on the CPU is refused in one line (:data:`CPU_COMPILE_REFUSED`), as
+    :class:`TrainingSettings` refuses it where it knows the fit will run on the CPU."""
     if settings.compile is True and device.type == "cpu":
         raise ValueError(CPU_COMPILE_REFUSED)
     if settings.compile != "auto":

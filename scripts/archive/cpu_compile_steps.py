@@ -1,8 +1,8 @@
 """Eager against compiled training steps on one CPU core, at the sizes dpsbi's default fits take, in CPU seconds:
 ``OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python scripts/archive/cpu_compile_steps.py OUT.jsonl``. Ran on
-``d502b9c``'s training loop (its compiled step then also kept inductor's compiling on one thread); since then a fit
-refuses ``compile=True`` on the CPU (its gradients are wrong: RESULTS, "Compiled on the
-CPU: faster, and wrong"), so this runs only at that commit.
+``d502b9c``'s training loop (the working copy's compiled step then also held inductor's compiling to one thread, as
+the command's variable does, and quieted its deprecation notices); since then a fit refuses ``compile=True`` on the
+CPU (its gradients are wrong: RESULTS, "Compiled on the CPU: faster, and wrong"), so this runs only at that commit.
 
 Each case builds its estimator with one tiny round (its defaults otherwise: the amortized ones on 20 000
 simulations, so batches of 1000), then runs the step as a fit does (``_Round.step``: draws, loss, backward,
