@@ -217,12 +217,12 @@ def test_the_compiled_spline_has_the_eager_gradients(device):
 def test_compiling_on_the_cpu_is_refused_in_one_line():
     with pytest.raises(ValueError, match="torch's CPU compiler gets the spline flow's gradients wrong"):
         TrainingSettings(accelerator="cpu", compile=True)
+    # 1 equals True, so it would slip past an `is True` check: it is no setting at all
     with pytest.raises(ValueError, match="invalid training settings: compile=1"):
-        TrainingSettings(
-            accelerator="cpu", compile=1
-        )  # equal to True, so it would slip past an `is True` check
+        TrainingSettings(accelerator="cpu", compile=1)
+    # settings made for CUDA, a fit that finds itself on the CPU
     with pytest.raises(ValueError) as refused:
-        compiles(TrainingSettings(compile=True), torch.device("cpu"), 10)
+        compiles(TrainingSettings(accelerator="cuda", compile=True), torch.device("cpu"), 10)
     assert str(refused.value) == CPU_COMPILE_REFUSED and "\n" not in CPU_COMPILE_REFUSED
     assert not compiles(TrainingSettings(), torch.device("cpu"), 10_000)  # "auto" never compiles there
 

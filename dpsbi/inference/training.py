@@ -122,8 +122,8 @@ class TrainingSettings(Settings):
             "devices": self.devices in (1, "1", "auto") or _device_index(self.devices) is not None,
             "precision": str(self.precision) in (*PRECISIONS, *MIXED),
             "threads": self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
-            "compile": isinstance(self.compile, bool)
-            or self.compile == "auto",  # not 1: it would pass as True
+            # bools, not what equals one (1 would pass as True)
+            "compile": isinstance(self.compile, bool) or self.compile == "auto",
             "cuda_graph": isinstance(self.cuda_graph, bool) or self.cuda_graph == "auto",
         }
         bad = [name for name, ok in checks.items() if not ok]
