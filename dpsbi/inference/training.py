@@ -141,9 +141,9 @@ class TrainingSettings(Settings):
                 f"training cuda_graph=True needs CUDA, compile off and precision 32 or 64 (got accelerator="
                 f"{self.accelerator!r}, compile={self.compile!r}, precision={self.precision!r}); use 'auto'"
             )
-        cpu = self.accelerator == "cpu" or (self.accelerator == "auto" and not torch.cuda.is_available())
-        if self.compile is True and cpu:  # before any simulation; compiles() refuses it again at the fit
-            raise ValueError(CPU_COMPILE_REFUSED)
+        # before any simulation, where the fit's device is known now (not "cuda", which may be absent here)
+        if self.compile is True and self.accelerator in ("cpu", "auto"):
+            compiles(self, training_device(self), None)  # refuses it on the CPU
         if self.lr_schedule == "cosine" and self.max_steps is None:
             raise ValueError(
                 "training lr_schedule='cosine' decays over a round's max_steps: set max_steps (e.g. 500)"
