@@ -40,15 +40,6 @@ MIXED = ("bf16-mixed",)
 #: compiling; docs/RESULTS.md, "On a GPU"). On CUDA the compiled loss replays as a CUDA graph
 #: (``mode="reduce-overhead"``): the eager step is bound by kernel launches, not by arithmetic.
 COMPILE_MIN_STEPS = 2000
-#: Why a training step is never compiled on the CPU: torch's CPU code generator (inductor, torch 2.13) gets the
-#: spline's gradients wrong, the widths' and heights' off by 75-132 % (a softmax of the squashed bins followed by
-#: their running sum; ``tests/test_training_step.py``), and a compiled fit degrades round by round (docs/RESULTS.md,
-#: "Compiled on the CPU: faster, and wrong").
-CPU_COMPILE_REFUSED = (
-    "training compile=True on the CPU: torch's CPU compiler gets the spline flow's gradients wrong (torch 2.13; "
-    "docs/RESULTS.md, 'Compiled on the CPU'); use compile=False or 'auto' there"
-)
-
 #: The fields of :class:`TrainingSettings` that belong to the machine.
 DEVICE_FIELDS = ("accelerator", "devices", "precision", "threads", "compile", "cuda_graph")
 
@@ -84,8 +75,7 @@ class TrainingSettings(Settings):
     ``precision`` (``"32-true"``, ``"64-true"``, ``"bf16-mixed"``), ``threads`` (torch's CPU threads during a
     fit on the CPU, restored after; ``None`` keeps the process's; 1 is fastest for these small batches and
     robust on a busy machine), ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
-    ``"auto"``, on CUDA for a fit of at least :data:`COMPILE_MIN_STEPS` steps; never on the CPU, where torch's
-    compiler gets the flow's gradients wrong: :data:`CPU_COMPILE_REFUSED`) and ``cuda_graph`` (capture the
+    ``"auto"``, on CUDA for a fit of at least :data:`COMPILE_MIN_STEPS` steps) and ``cuda_graph`` (capture the
     whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
     rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
     ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
@@ -141,9 +131,6 @@ class TrainingSettings(Settings):
                 f"training cuda_graph=True needs CUDA, compile off and precision 32 or 64 (got accelerator="
                 f"{self.accelerator!r}, compile={self.compile!r}, precision={self.precision!r}); use 'auto'"
             )
-        # before any simulation, where the fit's device is known now (not "cuda", which may be absent here)
-        if self.compile is True and self.accelerator in ("cpu", "auto"):
-            compiles(self, training_device(self), None)  # refuses it on the CPU
         if self.lr_schedule == "cosine" and self.max_steps is None:
             raise ValueError(
                 "training lr_schedule='cosine' decays over a round's max_steps: set max_steps (e.g. 500)"
@@ -208,10 +195,7 @@ def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
 
 def compiles(settings: TrainingSettings, device: torch.device, steps: int | None) -> bool:
     """Whether a fit of ``steps`` steps (``None``: open-ended) compiles its loss (``compile``); ``"auto"`` gives
-    way to ``cuda_graph=True``. ``compile=True`` on the CPU is refused in one line (:data:`CPU_COMPILE_REFUSED`), as
-    :class:`TrainingSettings` refuses it where it knows the fit will run on the CPU."""
-    if settings.compile is True and device.type == "cpu":
-        raise ValueError(CPU_COMPILE_REFUSED)
+    way to ``cuda_graph=True``."""
     if settings.compile != "auto":
         return bool(settings.compile)
     wanted = settings.cuda_graph is not True
