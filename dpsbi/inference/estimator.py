@@ -644,6 +644,7 @@ class SequentialEstimator(abc.ABC):
                 derive_seed(self.seed, index, "fit"),
                 f"{self.method} round {index + 1}",
                 progress.epoch,
+                self.step_work(index),
             )
             posterior = self.posterior(index)
             stability = None if self.stop_when_stable is None else self.stability_summary(posterior)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 import os
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
@@ -40,6 +43,32 @@ MIXED = ("bf16-mixed",)
 #: compiling; docs/RESULTS.md, "On a GPU"). On CUDA the compiled loss replays as a CUDA graph
 #: (``mode="reduce-overhead"``): the eager step is bound by kernel launches, not by arithmetic.
 COMPILE_MIN_STEPS = 2000
+#: ``compile``: ``"auto"`` compiles a round on the CPU of at least this many flow evaluations (its steps times a
+#: step's evaluations). Compiled, a step there costs 1.8-2.5x less at the defaults' sizes (0.035-0.09 ms less per
+#: evaluation), and compiling a loss first takes 64-168 s (docs/RESULTS.md, "Compiled on the CPU"): from here one
+#: round saves about what a cold compile costs, and later rounds compile from torch's cache in seconds. Of the
+#: defaults, every amortized SPLE fit (4000 evaluations a step, 500-950 steps a round) and SIR's amortized SPPE fit
+#: (1000 a step, 13 300 steps) reach it; a flow that clamps its release never compiles on the CPU.
+CPU_COMPILE_MIN_EVALUATIONS = 2_000_000
+#: The warning torch 2.13's compiler gives while compiling a loss (forward and backward), about a function of its own
+#: it deprecated: nothing a user can act on, so a compiled fit silences it (and no other).
+COMPILER_NOISE = r"`torch\._prims_common\.check` is deprecated"
+
+#: How far a compiled loss's gradient may lie from the eager one's (the norm of the difference over the eager norm)
+#: on a round's first batch, where each compiled round checks it (bf16-mixed: ``COMPILED_GRADIENT_TOLERANCE_MIXED``).
+#: Compiled and eager agree to 2e-6-5e-5 where the compiler is right; its bugs have cost 11-78 % (docs/RESULTS.md,
+#: "Compiled on the CPU").
+COMPILED_GRADIENT_TOLERANCE = 1e-3
+COMPILED_GRADIENT_TOLERANCE_MIXED = 3e-2
+
+#: Why a flow that clamps its context never compiles on the CPU (:attr:`~dpsbi.inference.flows.ConditionalFlow.
+#: clamps_context`): torch 2.13's CPU compiler got such a loss's gradients wrong on some batches and right on others.
+CPU_CLAMPED_COMPILE_REFUSED = (
+    "training compile=True on the CPU: torch 2.13's CPU compiler gets the gradients of a flow that clamps its "
+    "release wrong on some batches (11 % on regression's SPPE step; docs/RESULTS.md, 'Compiled on the CPU'); use "
+    "compile=False, or FlowSettings(clamp_release=False)"
+)
+
 #: The fields of :class:`TrainingSettings` that belong to the machine.
 DEVICE_FIELDS = ("accelerator", "devices", "precision", "threads", "compile", "cuda_graph")
 
@@ -75,7 +104,10 @@ class TrainingSettings(Settings):
     ``precision`` (``"32-true"``, ``"64-true"``, ``"bf16-mixed"``), ``threads`` (torch's CPU threads during a
     fit on the CPU, restored after; ``None`` keeps the process's; 1 is fastest for these small batches and
     robust on a busy machine), ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
-    ``"auto"``, on CUDA for a fit of at least :data:`COMPILE_MIN_STEPS` steps) and ``cuda_graph`` (capture the
+    ``"auto"``: on CUDA for a round of at least :data:`COMPILE_MIN_STEPS` steps, on the CPU for a round of at least
+    :data:`CPU_COMPILE_MIN_EVALUATIONS` flow evaluations where torch finds a C++ compiler, never there for a flow
+    that clamps its release: :data:`CPU_CLAMPED_COMPILE_REFUSED`; each compiled round checks its loss's gradient
+    against eager on its first batch, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
     whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
     rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
     ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
@@ -148,6 +180,10 @@ class NonFiniteLossError(RuntimeError):
     """A training or validation loss that is NaN or infinite."""
 
 
+class CompiledGradientError(RuntimeError):
+    """A compiled loss whose gradient is not the eager loss's (a bug of torch's compiler), under ``compile=True``."""
+
+
 def training_device(settings: TrainingSettings) -> torch.device:
     """The device a fit with ``settings`` trains on, where :func:`fit_flow` leaves the flow."""
     kind = settings.accelerator
@@ -193,13 +229,33 @@ def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
         yield order[i * batch_size : (i + 1) * batch_size if i < count - 1 else None]
 
 
-def compiles(settings: TrainingSettings, device: torch.device, steps: int | None) -> bool:
-    """Whether a fit of ``steps`` steps (``None``: open-ended) compiles its loss (``compile``); ``"auto"`` gives
-    way to ``cuda_graph=True``."""
+def compiles(
+    settings: TrainingSettings, device: torch.device, steps: int | None, evaluations: float | None = None
+) -> bool:
+    """Whether a round of ``steps`` steps (``None``: open-ended) of ``evaluations`` flow evaluations each
+    (``None``: unknown) compiles its loss (``compile``); ``"auto"`` gives way to ``cuda_graph=True``."""
     if settings.compile != "auto":
         return bool(settings.compile)
+    if device.type == "cpu":
+        work = (steps or 0) * (evaluations or 0)
+        return work >= CPU_COMPILE_MIN_EVALUATIONS and cpu_compiler()
     wanted = settings.cuda_graph is not True
     return wanted and device.type == "cuda" and (steps is None or steps >= COMPILE_MIN_STEPS)
+
+
+@functools.cache
+def cpu_compiler() -> bool:
+    """Whether torch can compile for the CPU here: a C++ compiler found (inductor's search: ``CXX``, then
+    ``g++``), off Windows (where inductor's CPU backend is experimental)."""
+    if sys.platform == "win32":
+        return False
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception:  # any failure of the search means no compiled fit by default
+        return False
+    return True
 
 
 def graphs(settings: TrainingSettings, flow: nn.Module, compiled: bool) -> bool:
@@ -237,13 +293,18 @@ class _Round:
         seed: int,
         steps: int | None,
         compile_mode: str | None = None,
+        evaluations: float | None = None,
     ):
         self.flow, self.loss, self.settings, self.steps, self.count = flow, loss, settings, steps, 0
         device = next(flow.parameters()).device
         self.shuffle = torch.Generator(device=device).manual_seed(derive_seed(seed, "shuffle"))
         self.noise = torch.Generator(device=device).manual_seed(derive_seed(seed, "noise"))
         self.val_seed = derive_seed(seed, "validation")
-        compiled = compiles(settings, device, steps)
+        compiled = compiles(settings, device, steps, evaluations)
+        if compiled and device.type == "cpu" and getattr(flow, "clamps_context", False):
+            if settings.compile is True:
+                raise ValueError(CPU_CLAMPED_COMPILE_REFUSED)
+            compiled = False  # "auto"
         self.graphed = graphs(settings, flow, compiled)
         # a graph reads the learning rate from the device (a tensor written before each replay); Adam's state,
         # step count included, stays on the device
@@ -256,7 +317,7 @@ class _Round:
         if compiled:
             mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")  # CUDA graphs
             compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=mode)
-        self.compute = compute
+        self.compute, self.compiled, self.checked = compute, compiled, False
         dtype = str(settings.precision)
         self.autocast = (
             (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
@@ -290,13 +351,54 @@ class _Round:
     def _update(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """The step's arithmetic: the batch cut from ``data``, the loss, backward, clipping and Adam."""
         batch = tuple(t.index_select(0, rows) for t in data)
-        with self.autocast():
-            value = self.compute(self.flow, batch, draws)
-        self.optimizer.zero_grad(set_to_none=True)
-        value.backward()
+        with warnings.catch_warnings():
+            if self.compiled:
+                warnings.filterwarnings("ignore", message=COMPILER_NOISE, category=FutureWarning)
+                if not self.checked:
+                    self._check_compiled(batch, draws)
+            value = self._backward(self.compute, batch, draws)
         nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
         self.optimizer.step()
         return value.detach()
+
+    def _backward(self, compute: Callable, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor:
+        """The loss of ``batch`` by ``compute`` (the eager or the compiled one), its gradient left in the flow."""
+        with self.autocast():
+            value = compute(self.flow, batch, draws)
+        self.optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        return value
+
+    def _check_compiled(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> None:
+        """The compiled loss's gradient against the eager one's on the round's first batch (one read on the host a
+        round): beyond :data:`COMPILED_GRADIENT_TOLERANCE`, ``compile=True`` raises
+        :class:`CompiledGradientError` and ``"auto"`` warns in one line and trains the round eagerly."""
+        self.checked = True
+        grads = []
+        for compute in (self.loss.compute, self.compute):
+            self._backward(compute, batch, draws)
+            grads.append(torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None]))
+        eager, compiled = grads
+        mixed = str(self.settings.precision) in MIXED
+        tolerance = COMPILED_GRADIENT_TOLERANCE_MIXED if mixed else COMPILED_GRADIENT_TOLERANCE
+        reference, difference = float(eager.norm()), float((compiled - eager).norm())
+        if not math.isfinite(reference) or difference <= tolerance * reference:
+            return  # a non-finite eager gradient is the loss's error to report, not the compiler's
+        if self.settings.compile is True:
+            error = difference / max(reference, torch.finfo(eager.dtype).tiny)
+            raise CompiledGradientError(
+                f"training compile=True: the compiled loss's gradient is {error:.1%} off the eager one's on the "
+                f"round's first batch (torch {torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); "
+                "use compile=False or 'auto'"
+            )
+        # one message whatever the error, so that Python shows it once, not at every round
+        warnings.warn(
+            f"training compile='auto': the compiled loss's gradient is off the eager one's (torch "
+            f"{torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); rounds found so train eagerly",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self.compute, self.compiled = self.loss.compute, False
 
     def _warm_up(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """One eager step on a side stream, as torch's CUDA-graph recipe asks before a capture (it builds
@@ -401,18 +503,20 @@ def fit_flow(
     seed: int,
     label: str = "training",
     on_epoch: EpochCallback | None = None,
+    evaluations: float | None = None,
 ) -> dict:
     """Train ``flow`` in place on the rows of ``train`` (a tuple of tensors of equal length) until the loss on
     ``val`` has not improved for ``patience`` epochs (or ``max_epochs`` / ``max_steps``), then restore its best
     weights; the flow stays on the training device (:func:`training_device`). ``on_epoch(epoch, train_loss,
-    val_loss)`` reports each epoch. A non-finite loss raises :class:`NonFiniteLossError` naming ``label``, the
+    val_loss)`` reports each epoch; ``evaluations``, the flow evaluations of a step, decides ``compile="auto"`` on
+    the CPU (:func:`compiles`). A non-finite loss raises :class:`NonFiniteLossError` naming ``label``, the
     epoch and the step. Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the
     last epoch's mean)."""
     device = training_device(settings)
     train, val = _on_device(flow, (train, val), settings, device)
     per_epoch, steps = planned_steps(settings, train[0].shape[0])
     epochs = None if steps is None else steps // per_epoch
-    state = _Round(flow, loss, settings, seed, steps)
+    state = _Round(flow, loss, settings, seed, steps, evaluations=evaluations)
     best_loss, best_state, waited, epoch, train_loss = math.inf, None, 0, 0, math.nan
     with training_threads(settings, device), _deterministic(device):
         while epochs is None or epoch < epochs:
