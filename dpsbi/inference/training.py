@@ -243,6 +243,15 @@ def compiles(
     return wanted and device.type == "cuda" and (steps is None or steps >= COMPILE_MIN_STEPS)
 
 
+@contextlib.contextmanager
+def _compiler_quiet():
+    """Around a compiled step: torch's compiler's own deprecation warning (:data:`COMPILER_NOISE`) silenced, every
+    other warning as it was."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=COMPILER_NOISE, category=FutureWarning)
+        yield
+
+
 @functools.cache
 def cpu_compiler() -> bool:
     """Whether torch can compile for the CPU here: a C++ compiler found (inductor's search: ``CXX``, then
@@ -351,11 +360,9 @@ class _Round:
     def _update(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """The step's arithmetic: the batch cut from ``data``, the loss, backward, clipping and Adam."""
         batch = tuple(t.index_select(0, rows) for t in data)
-        with warnings.catch_warnings():
-            if self.compiled:
-                warnings.filterwarnings("ignore", message=COMPILER_NOISE, category=FutureWarning)
-                if not self.checked:
-                    self._check_compiled(batch, draws)
+        with _compiler_quiet() if self.compiled else contextlib.nullcontext():
+            if self.compiled and not self.checked:
+                self._check_compiled(batch, draws)
             value = self._backward(self.compute, batch, draws)
         nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
         self.optimizer.step()
@@ -391,7 +398,6 @@ class _Round:
                 f"round's first batch (torch {torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); "
                 "use compile=False or 'auto'"
             )
-        # one message whatever the error, so that Python shows it once, not at every round
         warnings.warn(
             f"training compile='auto': the compiled loss's gradient is off the eager one's (torch "
             f"{torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); rounds found so train eagerly",
