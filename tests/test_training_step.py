@@ -209,6 +209,19 @@ def test_the_compiled_spline_has_the_eager_gradients(device):
         assert float((a - b).norm() / a.norm()) < 1e-4
 
 
+def test_the_knots_compiled_keep_their_precision_under_autocast():
+    """While compiling, the knots' running sum is a product with a triangular matrix of ones, under autocast
+    (bf16-mixed) still in float32 as the eager cumsum (in bfloat16 narrow bins would merge into bins of width 0)."""
+    from dpsbi.inference.spline_flow import running_sum
+
+    w = torch.randn(64, 11, generator=torch.Generator().manual_seed(0)) * 3
+    knots = torch.compile(lambda w: running_sum(w.softmax(-1)), fullgraph=True, dynamic=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled = knots(w)
+    assert compiled.dtype == torch.float32
+    assert torch.allclose(compiled, w.softmax(-1).cumsum(-1), atol=1e-6)
+
+
 def test_compile_is_a_bool_or_auto():
     # 1 equals True, so it would slip past an `is True` check: it is no setting at all
     with pytest.raises(ValueError, match="invalid training settings: compile=1"):
@@ -227,35 +240,87 @@ def test_auto_compiles_a_cpu_round_of_enough_flow_evaluations(monkeypatch):
     assert not compiles(TrainingSettings(), cpu, 1, limit)
 
 
+def _compiler_standin(loss_factor: float = 1.0, fails: bool = False):
+    """A stand-in for ``torch.compile``: the loss times ``loss_factor`` (a compiler bug's stand-in when not 1), or
+    an error at every call (``fails``: a C++ build that fails), warning at its first call as torch 2.13's compiler
+    does (of a deprecated function of its own)."""
+
+    def compile(f, **options):
+        calls = []
+
+        def compiled(*args):
+            if fails:
+                raise RuntimeError("the C++ build failed")
+            if not calls:
+                warnings.warn("`torch._prims_common.check` is deprecated", FutureWarning, stacklevel=1)
+            calls.append(None)
+            return loss_factor * f(*args)
+
+        return compiled
+
+    return compile
+
+
+def _square_loss(flow, batch, draws):
+    warnings.warn("the user's own warning", UserWarning, stacklevel=1)
+    return flow(batch[0]).square().mean()
+
+
 def test_a_compiled_step_silences_torchs_compiler_deprecation_and_nothing_else(monkeypatch):
-    """torch 2.13's compiler warns of its own deprecated ``check`` while compiling the loss (forward and backward):
-    a compiled fit silences that warning, and only it. (``torch.compile`` replaced by the identity, so that the
-    loss's own warnings stand in for the compiler's.)"""
-    monkeypatch.setattr(torch, "compile", lambda f, **options: f)
-
-    def compute(flow, batch, draws):
-        warnings.warn(
-            "`torch._prims_common.check` is deprecated and will be removed", FutureWarning, stacklevel=1
-        )
-        warnings.warn("the user's own warning", UserWarning, stacklevel=1)
-        return flow(batch[0]).square().mean()
-
-    loss = dpsbi.inference.training.Loss(compute)
-    for compiled in (True, False):
-        settings = TrainingSettings(accelerator="cpu", compile=compiled)
-        state = _Round(torch.nn.Linear(2, 1), loss, settings, 0, 10)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+    monkeypatch.setattr(torch, "compile", _compiler_standin())
+    state = _Round(
+        torch.nn.Linear(2, 1),
+        dpsbi.inference.training.Loss(_square_loss),
+        TrainingSettings(accelerator="cpu", compile=True),
+        0,
+        10,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
             state.step((torch.randn(8, 2),), torch.arange(8))
-        messages = sorted({str(w.message)[:10] for w in caught})
-        assert messages == (["the user's"] if compiled else ["`torch._pr", "the user's"])
+    assert state.compiled and {str(w.message) for w in caught} == {"the user's own warning"}
+
+
+def test_a_passing_check_leaves_the_round_as_it_was(monkeypatch):
+    """The compiled round's check (an eager and a compiled gradient on its first batch) changes neither the weights
+    nor Adam's state: with a compiler that compiles nothing, a compiled round equals an eager one bit for bit."""
+    monkeypatch.setattr(torch, "compile", _compiler_standin())
+    loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
+    data = (torch.randn(20, 2, generator=torch.Generator().manual_seed(0)),)
+    weights = []
+    for compile in (True, False):
+        flow = torch.nn.Linear(2, 1)
+        flow.load_state_dict(torch.nn.Linear(2, 1).state_dict() if not weights else weights[0][1])
+        start = copy.deepcopy(flow.state_dict())
+        state = _Round(flow, loss, TrainingSettings(accelerator="cpu", compile=compile), 0, 10)
+        for rows in (torch.arange(8), torch.arange(8, 20), torch.arange(8)):  # two batch sizes: two checks
+            state.step(data, rows)
+        weights.append((list(flow.parameters()), start))
+    assert all(torch.equal(a, b) for a, b in zip(weights[0][0], weights[1][0], strict=True))
+
+
+def test_auto_trains_eagerly_where_the_compiler_fails_to_build(monkeypatch):
+    monkeypatch.setattr(torch, "compile", _compiler_standin(fails=True))
+    monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: True)
+    loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
+    data, rows = (torch.randn(8, 2),), torch.arange(8)
+    state = _Round(torch.nn.Linear(2, 1), loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6)
+    with pytest.warns(
+        RuntimeWarning, match=r"compiler failed \(RuntimeError\) .*; this round trains eagerly"
+    ):
+        state.step(data, rows)
+    assert not state.compiled
+    state = _Round(torch.nn.Linear(2, 1), loss, TrainingSettings(accelerator="cpu", compile=True), 0, 10)
+    with pytest.raises(RuntimeError, match="the C\\+\\+ build failed"):
+        state.step(data, rows)
 
 
 def test_a_compiled_loss_whose_gradient_is_wrong_is_refused_or_trained_eagerly(monkeypatch):
     """Each compiled round checks the compiled loss's gradient against eager on its first batch: ``compile=True``
     refuses a wrong one in one line, ``"auto"`` warns in one line and trains the round eagerly. (``torch.compile``
     replaced by a loss twice the true one: a compiler bug's stand-in.)"""
-    monkeypatch.setattr(torch, "compile", lambda f, **options: lambda *args: 2 * f(*args))
+    monkeypatch.setattr(torch, "compile", _compiler_standin(loss_factor=2.0))
     monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: True)
     loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
     data, rows = (torch.randn(8, 2, generator=torch.Generator().manual_seed(0)),), torch.arange(8)
@@ -266,7 +331,7 @@ def test_a_compiled_loss_whose_gradient_is_wrong_is_refused_or_trained_eagerly(m
     eager_value = loss.compute(flow, data, ())
     state = _Round(flow, loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6)
     assert state.compiled
-    with pytest.warns(RuntimeWarning, match="rounds found so train eagerly"):
+    with pytest.warns(RuntimeWarning, match="this round trains eagerly"):
         value = state.step(data, rows)
     assert not state.compiled and torch.equal(value, eager_value.detach())
     with warnings.catch_warnings():
@@ -279,8 +344,9 @@ def test_a_flow_that_clamps_its_release_never_compiles_on_the_cpu(monkeypatch):
     posterior flow clamps the release. ``compile=True`` refuses such a flow on the CPU, ``"auto"`` leaves it eager;
     SPLE's likelihood flow, and a posterior flow of a task with nothing to clamp (SIR), clamp nothing."""
     monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: True)
-    assert _fitted("SPPE", "regression").flow.clamps_context
-    assert not _fitted("SPLE", "regression").flow.clamps_context
+    sppe, sple = _fitted("SPPE", "regression").flow, _fitted("SPLE", "regression").flow
+    assert sppe.clamps_context and sppe.double().clamps_context  # "64-true": the buffers cast to float64
+    assert not sple.clamps_context and not sple.double().clamps_context
     assert not _fitted("SPPE", "sir").flow.clamps_context
     flow, loss = torch.nn.Linear(2, 1), dpsbi.inference.training.Loss(None)
     flow.clamps_context = True

@@ -507,7 +507,8 @@ class SequentialEstimator(abc.ABC):
         """What a training step of the round at ``round_index`` (0-based) evaluates, in flow evaluations (batch
         rows x releases per row; SPPE's atomic rounds x atoms). The fit's time estimate
         (:mod:`~dpsbi.inference.progress`) prices rounds of equal work at one measured step time and times a
-        probe of each other kind; the number itself only tells kinds apart."""
+        probe of each other kind; ``compile="auto"`` compiles a CPU round whose steps times this reach
+        :data:`~dpsbi.inference.training.CPU_COMPILE_MIN_EVALUATIONS`."""
         return self.training.batch_size * self.inner_samples
 
     def proposal_draws(self, round_index: int, posterior: Posterior, n: int, seed: int) -> Tensor:

@@ -279,7 +279,8 @@ class ConditionalFlow(nn.Module):
         got the gradients of such a flow's loss wrong on some batches (docs/RESULTS.md, "Compiled on the CPU")."""
         if not self.config.clamp_release:
             return False
-        huge = torch.finfo(self.clamp_low.dtype).max
+        # unbounded columns hold the build dtype's largest number, float32's at least (in any dtype after a cast)
+        huge = torch.finfo(torch.float32).max
         return bool((self.clamp_low > -huge).any() or (self.clamp_high < huge).any())
 
     @property

@@ -95,12 +95,14 @@ def running_sum(x: Tensor) -> Tensor:
     torch's scan of a short last dimension took 1.7 ms for 100 000 x 2 rows of 11 knots (64 % of a training
     step of 100 000 flow evaluations on an H200; docs/RESULTS.md, "On a GPU").
 
-    While ``torch.compile`` traces, a product with the ``(K, K)`` upper-triangular matrix of ones instead: the
-    same sums to rounding, where torch's CPU code generator (inductor, torch 2.13) differentiates a cumulative sum
-    after a softmax wrongly (the spline's widths' and heights' gradients off by 75-132 %; docs/RESULTS.md,
-    "Compiled on the CPU")."""
+    While ``torch.compile`` traces, a product with the ``(K, K)`` upper-triangular matrix of ones instead (autocast
+    off, so in ``x``'s precision under bf16-mixed too): the same sums to rounding, where torch's CPU code generator
+    (inductor, torch 2.13) differentiates a cumulative sum after a softmax wrongly (the spline's widths' and
+    heights' gradients off by 75-132 %; docs/RESULTS.md, "Compiled on the CPU")."""
     if torch.compiler.is_compiling():
-        return x @ torch.ones(x.shape[-1], x.shape[-1], dtype=x.dtype, device=x.device).triu()
+        ones = torch.ones(x.shape[-1], x.shape[-1], dtype=x.dtype, device=x.device).triu()
+        with torch.autocast(x.device.type, enabled=False):
+            return x @ ones
     return x.movedim(-1, 0).cumsum(0).movedim(0, -1)
 
 

@@ -326,7 +326,7 @@ class _Round:
         if compiled:
             mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")  # CUDA graphs
             compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=mode)
-        self.compute, self.compiled, self.checked = compute, compiled, False
+        self.compute, self.compiled, self.checked = compute, compiled, set()
         dtype = str(settings.precision)
         self.autocast = (
             (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
@@ -360,10 +360,9 @@ class _Round:
     def _update(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """The step's arithmetic: the batch cut from ``data``, the loss, backward, clipping and Adam."""
         batch = tuple(t.index_select(0, rows) for t in data)
-        with _compiler_quiet() if self.compiled else contextlib.nullcontext():
-            if self.compiled and not self.checked:
-                self._check_compiled(batch, draws)
-            value = self._backward(self.compute, batch, draws)
+        if self.compiled and rows.shape[0] not in self.checked:
+            self._check_compiled(batch, draws)
+        value = self._backward(self.compute, batch, draws)
         nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
         self.optimizer.step()
         return value.detach()
@@ -377,18 +376,24 @@ class _Round:
         return value
 
     def _check_compiled(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> None:
-        """The compiled loss's gradient against the eager one's on the round's first batch (one read on the host a
-        round): beyond :data:`COMPILED_GRADIENT_TOLERANCE`, ``compile=True`` raises
-        :class:`CompiledGradientError` and ``"auto"`` warns in one line and trains the round eagerly."""
-        self.checked = True
-        grads = []
-        for compute in (self.loss.compute, self.compute):
-            self._backward(compute, batch, draws)
-            grads.append(torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None]))
-        eager, compiled = grads
+        """The compiled loss's gradient against the eager one's on the round's first batch of each size (each size
+        is compiled anew, here, with torch's own deprecation warning silenced; one read on the host a check): beyond
+        :data:`COMPILED_GRADIENT_TOLERANCE`, ``compile=True`` raises :class:`CompiledGradientError` and ``"auto"``
+        warns in one line and trains the round eagerly, as it does where the compiler fails to build the step."""
+        self.checked.add(batch[0].shape[0])
+        self._backward(self.loss.compute, batch, draws)
+        eager = torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
+        try:
+            with _compiler_quiet():
+                self._backward(self.compute, batch, draws)
+        except Exception as error:  # e.g. no Python headers for the C++ build: "auto" promised a working fit
+            if self.settings.compile is True:
+                raise
+            return self._eagerly(f"torch's compiler failed ({type(error).__name__})")
+        compiled = torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
         mixed = str(self.settings.precision) in MIXED
         tolerance = COMPILED_GRADIENT_TOLERANCE_MIXED if mixed else COMPILED_GRADIENT_TOLERANCE
-        reference, difference = float(eager.norm()), float((compiled - eager).norm())
+        reference, difference = torch.stack([eager.norm(), (compiled - eager).norm()]).tolist()
         if not math.isfinite(reference) or difference <= tolerance * reference:
             return  # a non-finite eager gradient is the loss's error to report, not the compiler's
         if self.settings.compile is True:
@@ -398,11 +403,15 @@ class _Round:
                 f"round's first batch (torch {torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); "
                 "use compile=False or 'auto'"
             )
+        self._eagerly("the compiled loss's gradient is off the eager one's")
+
+    def _eagerly(self, why: str) -> None:
+        """Under ``compile="auto"``: the rest of the round eager, after one line saying ``why``."""
         warnings.warn(
-            f"training compile='auto': the compiled loss's gradient is off the eager one's (torch "
-            f"{torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); rounds found so train eagerly",
+            f"training compile='auto': {why} (torch {torch.__version__}; docs/RESULTS.md, 'Compiled on the CPU'); "
+            "this round trains eagerly",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         self.compute, self.compiled = self.loss.compute, False
 
