@@ -178,7 +178,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
     parser.add_argument("--step", choices=list(STEPS), default="regression", help="the step timed")
     parser.add_argument(
-        "--compile-on", nargs="*", default=["cuda"], help="devices whose dpsbi rows are also compiled (cuda, cpu)"
+        "--compile-on",
+        nargs="*",
+        default=["cuda"],
+        help="devices whose dpsbi rows are also compiled (cuda, cpu)",
     )
     parser.add_argument(
         "--compile-modes", nargs="*", default=["default"], help="torch.compile modes of those rows"
