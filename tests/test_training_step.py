@@ -288,16 +288,15 @@ def test_a_passing_check_leaves_the_round_as_it_was(monkeypatch):
     monkeypatch.setattr(torch, "compile", _compiler_standin())
     loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
     data = (torch.randn(20, 2, generator=torch.Generator().manual_seed(0)),)
-    weights = []
+    start, weights = torch.nn.Linear(2, 1).state_dict(), []
     for compile in (True, False):
         flow = torch.nn.Linear(2, 1)
-        flow.load_state_dict(torch.nn.Linear(2, 1).state_dict() if not weights else weights[0][1])
-        start = copy.deepcopy(flow.state_dict())
+        flow.load_state_dict(start)
         state = _Round(flow, loss, TrainingSettings(accelerator="cpu", compile=compile), 0, 10)
         for rows in (torch.arange(8), torch.arange(8, 20), torch.arange(8)):  # two batch sizes: two checks
             state.step(data, rows)
-        weights.append((list(flow.parameters()), start))
-    assert all(torch.equal(a, b) for a, b in zip(weights[0][0], weights[1][0], strict=True))
+        weights.append(list(flow.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
 
 
 def test_auto_trains_eagerly_where_the_compiler_fails_to_build(monkeypatch):
@@ -360,7 +359,7 @@ def test_a_flow_that_clamps_its_release_never_compiles_on_the_cpu(monkeypatch):
 def test_a_fit_tells_compile_auto_its_steps_flow_evaluations(monkeypatch):
     seen = []
 
-    def recording(settings, device, steps, evaluations=None):
+    def recording(settings, device, steps, evaluations=None, flow=None):
         seen.append((steps, evaluations))
         return False
 

@@ -230,12 +230,24 @@ def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
 
 
 def compiles(
-    settings: TrainingSettings, device: torch.device, steps: int | None, evaluations: float | None = None
+    settings: TrainingSettings,
+    device: torch.device,
+    steps: int | None,
+    evaluations: float | None = None,
+    flow: nn.Module | None = None,
 ) -> bool:
     """Whether a round of ``steps`` steps (``None``: open-ended) of ``evaluations`` flow evaluations each
-    (``None``: unknown) compiles its loss (``compile``); ``"auto"`` gives way to ``cuda_graph=True``."""
-    if settings.compile != "auto":
-        return bool(settings.compile)
+    (``None``: unknown) of ``flow`` compiles its loss (``compile``); ``"auto"`` gives way to ``cuda_graph=True``.
+    On the CPU a flow that clamps its release never compiles (``compile=True`` refused in one line,
+    :data:`CPU_CLAMPED_COMPILE_REFUSED`)."""
+    if settings.compile is False:
+        return False
+    if device.type == "cpu" and getattr(flow, "clamps_context", False):
+        if settings.compile is True:
+            raise ValueError(CPU_CLAMPED_COMPILE_REFUSED)
+        return False
+    if settings.compile is True:
+        return True
     if device.type == "cpu":
         work = (steps or 0) * (evaluations or 0)
         return work >= CPU_COMPILE_MIN_EVALUATIONS and cpu_compiler()
@@ -309,11 +321,7 @@ class _Round:
         self.shuffle = torch.Generator(device=device).manual_seed(derive_seed(seed, "shuffle"))
         self.noise = torch.Generator(device=device).manual_seed(derive_seed(seed, "noise"))
         self.val_seed = derive_seed(seed, "validation")
-        compiled = compiles(settings, device, steps, evaluations)
-        if compiled and device.type == "cpu" and getattr(flow, "clamps_context", False):
-            if settings.compile is True:
-                raise ValueError(CPU_CLAMPED_COMPILE_REFUSED)
-            compiled = False  # "auto"
+        compiled = compiles(settings, device, steps, evaluations, flow)
         self.graphed = graphs(settings, flow, compiled)
         # a graph reads the learning rate from the device (a tensor written before each replay); Adam's state,
         # step count included, stays on the device
@@ -326,7 +334,7 @@ class _Round:
         if compiled:
             mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")  # CUDA graphs
             compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=mode)
-        self.compute, self.compiled, self.checked = compute, compiled, set()
+        self.compute, self.checked = compute, set()
         dtype = str(settings.precision)
         self.autocast = (
             (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
@@ -367,6 +375,11 @@ class _Round:
         self.optimizer.step()
         return value.detach()
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the step runs the compiled loss (an ``"auto"`` round that failed its check no longer does)."""
+        return self.compute is not self.loss.compute
+
     def _backward(self, compute: Callable, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor:
         """The loss of ``batch`` by ``compute`` (the eager or the compiled one), its gradient left in the flow."""
         with self.autocast():
@@ -381,16 +394,14 @@ class _Round:
         :data:`COMPILED_GRADIENT_TOLERANCE`, ``compile=True`` raises :class:`CompiledGradientError` and ``"auto"``
         warns in one line and trains the round eagerly, as it does where the compiler fails to build the step."""
         self.checked.add(batch[0].shape[0])
-        self._backward(self.loss.compute, batch, draws)
-        eager = torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
+        eager = self._gradient(self.loss.compute, batch, draws)
         try:
             with _compiler_quiet():
-                self._backward(self.compute, batch, draws)
+                compiled = self._gradient(self.compute, batch, draws)
         except Exception as error:  # e.g. no Python headers for the C++ build: "auto" promised a working fit
             if self.settings.compile is True:
                 raise
             return self._eagerly(f"torch's compiler failed ({type(error).__name__})")
-        compiled = torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
         mixed = str(self.settings.precision) in MIXED
         tolerance = COMPILED_GRADIENT_TOLERANCE_MIXED if mixed else COMPILED_GRADIENT_TOLERANCE
         reference, difference = torch.stack([eager.norm(), (compiled - eager).norm()]).tolist()
@@ -405,6 +416,11 @@ class _Round:
             )
         self._eagerly("the compiled loss's gradient is off the eager one's")
 
+    def _gradient(self, compute: Callable, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor:
+        """The flow's gradient ``(parameters,)`` of the loss of ``batch`` by ``compute``, flattened."""
+        self._backward(compute, batch, draws)
+        return torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
+
     def _eagerly(self, why: str) -> None:
         """Under ``compile="auto"``: the rest of the round eager, after one line saying ``why``."""
         warnings.warn(
@@ -413,7 +429,7 @@ class _Round:
             RuntimeWarning,
             stacklevel=3,
         )
-        self.compute, self.compiled = self.loss.compute, False
+        self.compute = self.loss.compute
 
     def _warm_up(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """One eager step on a side stream, as torch's CUDA-graph recipe asks before a capture (it builds
