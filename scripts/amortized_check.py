@@ -25,6 +25,8 @@ is left out of the default ``--tasks``, as is ``census_table`` (46 cells, discre
 likelihood (about 42 CPU seconds a release). ``sir`` (over 0.1-10) has references at its stored releases only: run
 it with ``--releases 0`` (calibration alone, no exact draws needed). One JSON line per (task, epsilon) is appended to ``--out`` as it goes, and
 one per task for the fit; a task whose fit line is in the file is skipped (a killed run resumes at its task).
+``--range LOW HIGH`` fits over another epsilon range than the task's (a hundredfold one on the small exact tasks),
+scored at ``--epsilons`` (any inside it; without ``--range`` they pick from the task's three).
 ``--task-options`` change the fitted task only (SIR's tau-leaping simulator, as scripts/privacy_utility.py's do):
 the releases, calibration pairs and references it is scored at stay the task's defaults.
 With ``--posteriors DIR`` each fit checkpoints its rounds to ``DIR/<task>/`` (a killed fit resumes there) and is saved
@@ -265,8 +267,17 @@ def accuracy(posterior, at, arguments: dict, k: int, args: argparse.Namespace) -
     }
 
 
+def scored_epsilons(name: str, args: argparse.Namespace) -> list[tuple[int, float]]:
+    """``(k, epsilon)`` of each epsilon scored: ``--epsilons`` (default: the task's three), ``k`` its task
+    epsilon's index where it is one (its releases' seeds as before the option), else after them."""
+    listed = TASKS[name][2]
+    wanted = args.epsilons or listed
+    return [(listed.index(e) if e in listed else len(listed) + i, e) for i, e in enumerate(wanted)]
+
+
 def check(name: str, args: argparse.Namespace) -> None:
-    arguments, (low, high), scored = TASKS[name]
+    arguments, (low, high), _ = TASKS[name]
+    low, high = args.range or (low, high)
     task = load({**arguments, **args.task_options}, (low * high) ** 0.5)
     posterior, times = amortized_fit(task, (low, high), args, name, seed=args.seed, estimator=args.method)
     method = {} if args.method == "sppe" else {"method": args.method}  # SPPE's rows as before the option
@@ -280,9 +291,9 @@ def check(name: str, args: argparse.Namespace) -> None:
     }
     if args.task_options:
         fit["task_options"] = args.task_options
-    for k, epsilon in enumerate(scored):
-        if args.epsilons and epsilon not in args.epsilons:
-            continue
+    if args.range:
+        fit["epsilon_range"] = [low, high]
+    for k, epsilon in scored_epsilons(name, args):
         at = load(arguments, epsilon)
         row = {"task": name, **method, "epsilon": epsilon, "epsilon_range": list(posterior.epsilon_range)}
         if args.releases:
@@ -349,7 +360,14 @@ def main() -> None:
         "the releases, calibration pairs and references scored stay the task's defaults",
     )
     parser.add_argument(
-        "--epsilons", type=float, nargs="+", help="score at these of each task's epsilons only (default: all)"
+        "--epsilons", type=float, nargs="+", help="score at these epsilons (default: each task's three)"
+    )
+    parser.add_argument(
+        "--range",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="the fit's epsilon range (default: each task's); score inside it with --epsilons",
     )
     parser.add_argument(
         "--importance",
@@ -386,6 +404,13 @@ def main() -> None:
             f"--pairs must be at least 10 (sbi's TARP bins its coverage in pairs // 10 bins, its SBC check "
             f"cross-validates a classifier in 5 folds), got {args.pairs}"
         )
+    if args.range and not args.epsilons:
+        parser.error("--range needs --epsilons: a task's own three may lie outside the range")
+    if args.range and not 0 < args.range[0] < args.range[1]:
+        parser.error(f"--range must be 0 < LOW < HIGH, got {args.range}")
+    outside = [e for e in args.epsilons or () if args.range and not args.range[0] <= e <= args.range[1]]
+    if outside:
+        parser.error(f"--epsilons {outside} lie outside --range {args.range}")
     if args.method == "sple" and (args.importance or args.importance_calibration):
         parser.error(
             "--importance and --importance-calibration correct a posterior flow's draws: --method sppe only"

@@ -1,6 +1,7 @@
 """scripts/amortized_check.py's references where a task has no exact posterior (regression): the validated
 sampler run at each prior-predictive release, not at the task's stored one."""
 
+import argparse
 import json
 
 import amortized_check  # scripts/ is on the tests' path (pyproject.toml)
@@ -39,3 +40,16 @@ def test_a_fit_line_skips_only_its_own_method(tmp_path):
     ]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert amortized_check.finished(out) == {("naive_bayes", "sppe"), ("conjugate_gaussian", "sple")}
+
+
+def test_scored_epsilons_keep_the_task_s_seeds():
+    """``--epsilons`` picking the task's own keep each one's release seed (its index); others come after them."""
+    args = argparse.Namespace(epsilons=[9.0, 1.5])
+    assert amortized_check.scored_epsilons("naive_bayes", args) == [(2, 9.0), (0, 1.5)]
+    args = argparse.Namespace(epsilons=[0.15, 1.0, 9.0])  # a hundredfold --range on Poisson counts
+    assert amortized_check.scored_epsilons("poisson_counts", args) == [(0, 0.15), (4, 1.0), (5, 9.0)]
+    assert amortized_check.scored_epsilons("poisson_counts", argparse.Namespace(epsilons=None)) == [
+        (0, 0.15),
+        (1, 0.5),
+        (2, 1.5),
+    ]
