@@ -83,3 +83,28 @@ def test_the_estimate_counts_the_steps_every_round_takes_and_prices_unrun_kinds_
     progress.measured = {first: 0.01}
     progress.probed = {first: 0.002, atomic: 0.009}
     assert abs(progress.seconds_per_step(1) - 0.045) < 1e-12
+
+
+def test_a_round_s_rate_leaves_out_its_first_epoch(monkeypatch):
+    """A compiled round spends its first epoch's first steps compiling: the rate that prices the steps left is
+    measured after that epoch, and kept when the round ends (its training seconds over its steps would put the
+    compiling into every later round's steps)."""
+    from dpsbi.inference import progress as module
+
+    task = dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0)
+    estimator = dpsbi.SPPE(task, rounds=2, sims_per_round=230, amortized=True, progress=False)
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(module.time, "perf_counter", lambda: clock.now)
+    progress = module.FitProgress(estimator, 0, False)
+    progress.begin_round(0)
+    progress.begin_training(2000)  # per_epoch: the batches of 2000 rows at the fit's batch size
+    per_epoch, kind = progress.per_epoch, progress.work(0)
+    clock.now = 100.0 + per_epoch * 0.01  # the first epoch: 100 s of compiling, then steps of 10 ms
+    progress.epoch(1, 0.0, 0.0)
+    assert abs(progress.measured[kind] - clock.now / per_epoch) < 1e-9
+    clock.now += 2 * per_epoch * 0.01
+    progress.epoch(3, 0.0, 0.0)
+    assert abs(progress.measured[kind] - 0.01) < 1e-9
+    progress.end_round({"steps": 3 * per_epoch, "seconds": clock.now + 5.0})
+    assert abs(progress.measured[kind] - 0.01) < 1e-9  # not (100 + steps) / steps
+    assert abs(progress.other[True] - 5.0) < 1e-9

@@ -7,7 +7,9 @@ gradient steps, which the settings fix in advance (:func:`~dpsbi.inference.train
 at the seconds a step of its kind takes (a kind: the step's work, :meth:`SequentialEstimator.step_work
 <dpsbi.inference.estimator.SequentialEstimator.step_work>`):
 
-- measured in this fit: the current round's rate, updated at every epoch, and each finished round's;
+- measured in this fit: the current round's rate, updated at every epoch from its second epoch on (a compiled
+  round spends its first epoch's first steps compiling: 1-3 minutes on a CPU, no price of a step), and each
+  finished round's;
 - for a kind that has not run yet (SPPE's atomic rounds, during its first round), the measured kind's seconds
   scaled by a probe that times a few steps of every kind of the fit on a copy of the flow, side by side
   (:func:`~dpsbi.inference.training.step_seconds`; ~0.2 s at SPPE's defaults, once per run).
@@ -58,6 +60,8 @@ class FitProgress:
         #: ``(round index, planned steps)`` of the current round and those after it (:meth:`begin_training`).
         self.plan: list[tuple[int, int | None]] = []
         self.steps_done, self.per_epoch, self.training, self.probe_seconds = 0, 1, False, 0.0
+        #: ``(clock, steps done)`` at the end of the round's first epoch, from which its rate is measured.
+        self.settled: tuple[float, int] | None = None
         self.bar = tqdm(
             total=BAR_UNITS,
             # the line's text is the bar's description: tqdm would put ", " before a postfix
@@ -85,19 +89,26 @@ class FitProgress:
         """The round's training starts on ``train_rows`` rows: plan its steps and those of the rounds after it."""
         self.per_epoch, steps = planned_steps(self.estimator.training, train_rows)
         self.plan = [(self.index, steps), *self.estimator.planned_rounds(self.index, train_rows)]
-        self.train_began, self.training = time.perf_counter(), True
+        self.train_began, self.training, self.settled = time.perf_counter(), True, None
         self._render("training")
 
     def epoch(self, epoch: int, train_loss: float, val_loss: float) -> None:
-        """An epoch ended (the values are already on the host): the current kind's rate is re-measured."""
-        self.steps_done = epoch * self.per_epoch
-        self.measured[self.work(self.index)] = (time.perf_counter() - self.train_began) / self.steps_done
+        """An epoch ended (the values are already on the host): the current kind's rate is re-measured, over the
+        steps after the round's first epoch once there are some."""
+        now, self.steps_done = time.perf_counter(), epoch * self.per_epoch
+        if self.settled is None:
+            self.settled = (now, self.steps_done)
+            rate = (now - self.train_began) / self.steps_done
+        else:
+            since, steps = self.settled
+            rate = (now - since) / (self.steps_done - steps)
+        self.measured[self.work(self.index)] = rate
         self._render(f"epoch {epoch}, loss {train_loss:.3f} (validation {val_loss:.3f})")
 
     def end_round(self, entry: dict) -> None:
         """The round finished: its training seconds go into ``entry`` (``"train_seconds"``), its rates are kept."""
         entry["train_seconds"] = time.perf_counter() - self.train_began
-        self._learn(self.index, entry, self.probe_seconds)
+        self._learn(self.index, entry, self.probe_seconds, measured=self.settled is not None)
 
     # ---- the probe --------------------------------------------------------------------------------
     def probe(self, train) -> None:
@@ -165,12 +176,14 @@ class FitProgress:
         history = self.estimator.history
         return history[-1]["steps"] if history else None
 
-    def _learn(self, index: int, entry: dict, probing: float = 0.0) -> None:
+    def _learn(self, index: int, entry: dict, probing: float = 0.0, measured: bool = False) -> None:
         """Keep a finished round's rates (a checkpoint's entries from before ``train_seconds`` existed give none);
-        ``probing``: seconds of the round spent on the probe, which no other round repeats."""
+        ``probing``: seconds of the round spent on the probe, which no other round repeats; ``measured``: its
+        epochs measured its step's rate (kept), else its training seconds over its steps price one."""
         if "train_seconds" not in entry or not entry.get("steps"):
             return
-        self.measured[self.work(index)] = entry["train_seconds"] / entry["steps"]
+        if not measured:
+            self.measured[self.work(index)] = entry["train_seconds"] / entry["steps"]
         prior = index == 0 or self.estimator.amortized
         self.other[prior] = max(entry["seconds"] - entry["train_seconds"] - probing, 0.0)
 
