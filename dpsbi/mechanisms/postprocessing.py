@@ -410,8 +410,9 @@ class PostProcessed(Mechanism):
         self._coordinates("coordinate_max_log_prob")
         return self.step.coordinate_max_log_prob(self.inner, y)
 
-    def with_epsilon(self, epsilon: float) -> PostProcessed:
-        """The same post-processing of the inner mechanism re-calibrated at ``epsilon``."""
+    def with_epsilon(self, epsilon: float | Tensor) -> PostProcessed:
+        """The same post-processing of the inner mechanism re-calibrated at ``epsilon`` (a number, or one per row
+        where the inner mechanism takes them: amortized fits over a range)."""
         return PostProcessed(self.inner.with_epsilon(epsilon), self.step)
 
     def __repr__(self) -> str:
