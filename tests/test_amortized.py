@@ -86,6 +86,18 @@ def test_with_epsilon_at_its_own_epsilon_is_the_same_mechanism(family):
     torch.testing.assert_close(again.sample(s, u), mechanism.sample(s, u), rtol=1e-5, atol=1e-5)
 
 
+def test_a_compiled_step_calibrates_on_the_table_and_fits_stay_on_it():
+    """Traced (a compiled step) the analytic calibration uses its table alone, as right on it; an amortized fit
+    whose widened range leaves the table is refused in one line before any compute."""
+    eps = torch.tensor([1e-3, 0.1, 1.0, 9.0, 2e4], dtype=torch.float64)
+    traced = torch.compile(analytic_mu, backend="eager", fullgraph=True)(eps, 1e-5)
+    torch.testing.assert_close(traced, analytic_mu(eps, 1e-5), rtol=1e-9, atol=0)
+    task = dpsbi.tasks.load("conjugate_gaussian", epsilon=1.0)
+    dpsbi.SPPE(task, amortized=True, epsilon_range=(1e-4, 1e4))
+    with pytest.raises(ValueError, match="calibrated inside a training step at epsilon"):
+        dpsbi.SPPE(task, amortized=True, epsilon_range=(1e-4, 1e4), epsilon_margin=10)
+
+
 def test_vectorized_analytic_calibration_agrees_with_brentq():
     eps = torch.tensor([1e-3, 0.05, 0.1, 0.33, 1.0, 2.5, 10.0, 50.0, 1e5])
     for delta in (1e-3, 1e-5, 1e-9):

@@ -20,7 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from ..files import exclusive
-from ..mechanisms.epsilon import at_epsilons, epsilon_range_problem, log_uniform, nominal_epsilon
+from ..mechanisms.epsilon import (
+    at_epsilons,
+    epsilon_limits,
+    epsilon_range_problem,
+    log_uniform,
+    nominal_epsilon,
+)
 from ..seeds import check_seed
 from ..tasks import Task
 from ..tasks.identity import check_simulator, identity, simulator_probe
@@ -269,6 +275,15 @@ class SequentialEstimator(abc.ABC):
             raise ValueError(f"epsilon_margin must be a factor >= 1, got {epsilon_margin}")
         if self.epsilon_margin != 1 and self.epsilon_range is None:
             raise ValueError(f"epsilon_margin={epsilon_margin} widens epsilon_range, but the fit has none")
+        limits = epsilon_limits(task.mechanism)
+        if self.epsilon_range is not None and limits is not None:
+            low, high = self.training_epsilon_range
+            if not limits[0] <= low < high <= limits[1]:
+                raise ValueError(
+                    f"the fit trains over epsilon {low:g}-{high:g} (epsilon_range widened by epsilon_margin), "
+                    f"but {task.mechanism!r} is calibrated inside a training step at epsilon {limits[0]:.3g}-"
+                    f"{limits[1]:.3g} only; choose a range inside it"
+                )
         self.budget = Budget.coerce(budget)
         self.stop_when_stable = None if stop_when_stable is None else float(stop_when_stable)
         if self.stop_when_stable is not None:

@@ -46,6 +46,16 @@ def epsilons(epsilon) -> Tensor:
     return eps
 
 
+def epsilon_limits(mechanism: Mechanism) -> tuple[float, float] | None:
+    """The epsilons ``mechanism``'s family can be re-calibrated at inside a training step (its
+    ``epsilon_limits``, through post-processing), or ``None`` where any positive epsilon will do."""
+    from .postprocessing import PostProcessed
+
+    if isinstance(mechanism, PostProcessed):
+        return epsilon_limits(mechanism.inner)
+    return getattr(mechanism, "epsilon_limits", None)
+
+
 def batched_copy(mechanism: Mechanism, epsilon: Tensor, **attributes) -> Mechanism:
     """A copy of ``mechanism`` with ``epsilon`` (a tensor) and the noise ``attributes`` that follow from it."""
     out = object.__new__(type(mechanism))  # not copy.copy, which torch.compile (2.11) refuses to trace

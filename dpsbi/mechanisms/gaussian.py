@@ -37,9 +37,12 @@ def analytic_delta(mu: float, epsilon: float) -> float:
     return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
 
 
-#: ``log mu`` of the analytic calibration on a grid of ``log epsilon`` in [-10, 10], per delta (:func:`analytic_mu`).
-_MU_TABLES: dict[float, Tensor] = {}
+#: ``log mu`` of the analytic calibration on a grid of ``log epsilon`` in [-10, 10], per delta and device
+#: (:func:`analytic_mu`).
+_MU_TABLES: dict[tuple[float, torch.device], Tensor] = {}
 _LOG_EPS = (-10.0, 10.0, 2049)
+#: The epsilons on that table, where a compiled training step calibrates the analytic Gaussian mechanism.
+EPSILON_TABLE = (math.exp(_LOG_EPS[0]), math.exp(_LOG_EPS[1]))
 
 
 def _bisected_mu(eps: Tensor, delta: float) -> Tensor:
@@ -65,16 +68,31 @@ def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
     Gaussian mechanism for every entry of the tensor ``epsilon``. Interpolated in a table of ``log mu`` over
     ``log epsilon`` (built once per ``delta`` by bisection), then polished by three Newton steps on
     ``delta(mu) = delta``, whose derivative is ``phi(-epsilon / mu + mu / 2)``: agrees with ``brentq`` to ~1e-12.
-    Epsilons off the table (outside ``[e^-10, e^10]``) are bisected directly."""
+    Epsilons off the table (outside :data:`EPSILON_TABLE`) are bisected directly: on the CPU after one host read of
+    whether there are any; on a device every call bisects too and keeps the bisection where an entry is off the
+    table, so that a step never waits for the host. While ``torch.compile`` traces (a compiled training step) the
+    table alone is used, so that the step neither breaks its graph nor compiles 64 halvings (2 more minutes of
+    compiling on a CPU): its epsilons come from the fit's range, which the estimator keeps on the table
+    (:attr:`Gaussian.epsilon_limits`)."""
     eps = epsilon.double()
     low, high, points = _LOG_EPS
-    if delta not in _MU_TABLES:
+    key = (delta, eps.device)
+    if key not in _MU_TABLES:
         grid = torch.linspace(low, high, points, dtype=torch.float64)
-        _MU_TABLES[delta] = torch.log(_bisected_mu(torch.exp(grid), delta))
+        _MU_TABLES[key] = torch.log(_bisected_mu(torch.exp(grid), delta)).to(eps.device)
     x = torch.log(eps)
-    if not bool(((x >= low) & (x <= high)).all()):
+    if torch.compiler.is_compiling():
+        return _tabled_mu(eps, x.clamp(low, high), _MU_TABLES[key], delta)
+    inside, host = (x >= low) & (x <= high), eps.device.type == "cpu"
+    if host and not bool(inside.all()):
         return _bisected_mu(eps, delta)
-    table = _MU_TABLES[delta].to(eps.device)
+    mu = _tabled_mu(eps, x.clamp(low, high), _MU_TABLES[key], delta)
+    return mu if host else torch.where(inside, mu, _bisected_mu(eps, delta))
+
+
+def _tabled_mu(eps: Tensor, x: Tensor, table: Tensor, delta: float) -> Tensor:
+    """:func:`analytic_mu` at ``eps`` whose ``x = log eps`` lie on the table: interpolated, then polished."""
+    low, high, points = _LOG_EPS
     position = (x - low) / (high - low) * (points - 1)
     index = position.floor().clamp(0, points - 2)
     weight = position - index
@@ -239,6 +257,12 @@ class Gaussian(AdditiveNoise, Mechanism):
             )
         sigma = self.sensitivity / mu
         return batched_copy(self, epsilon, sigma=sigma, mu=self.sensitivity / sigma)
+
+    @property
+    def epsilon_limits(self) -> tuple[float, float] | None:
+        """The epsilons an amortized fit may train over (:data:`EPSILON_TABLE`, where a compiled step calibrates
+        analytically); ``None`` under the classic calibration, a closed form (its ``epsilon < 1`` is checked)."""
+        return None if getattr(self, "_calibration", "analytic") == "classic" else EPSILON_TABLE
 
     @property
     def rho(self) -> float:
