@@ -312,7 +312,7 @@ def test_auto_trains_eagerly_where_the_compiler_fails_to_build(monkeypatch):
     data, rows = (torch.randn(8, 2),), torch.arange(8)
     state = _Round(torch.nn.Linear(2, 1), loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6)
     with pytest.warns(
-        RuntimeWarning, match=r"compiler failed \(RuntimeError\) .*; this round trains eagerly"
+        RuntimeWarning, match=r"compiler failed \(RuntimeError\) .*; this round and the fit's later ones"
     ):
         state.step(data, rows)
     assert not state.compiled
@@ -336,12 +336,32 @@ def test_a_compiled_loss_whose_gradient_is_wrong_is_refused_or_trained_eagerly(m
     eager_value = loss.compute(flow, data, ())
     state = _Round(flow, loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6)
     assert state.compiled
-    with pytest.warns(RuntimeWarning, match="this round trains eagerly"):
+    with pytest.warns(RuntimeWarning, match="this round and the fit's later ones train eagerly"):
         value = state.step(data, rows)
     assert not state.compiled and torch.equal(value, eager_value.detach())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         state.step(data, rows)  # once a round
+
+
+def test_a_fit_whose_compiler_failed_does_not_try_again(monkeypatch):
+    """Under ``"auto"`` a round whose compiler fails trains eagerly after one warning, and so do the fit's later
+    rounds without trying again (a failed check costs a compile each time), resumed or not."""
+    builds = []
+
+    def failing(f, **options):
+        builds.append(None)
+        return _compiler_standin(fails=True)(f, **options)
+
+    monkeypatch.setattr(torch, "compile", failing)
+    monkeypatch.setattr(
+        dpsbi.inference.training, "compiles", lambda settings, *a, **k: settings.compile == "auto"
+    )
+    with pytest.warns(RuntimeWarning, match="this round and the fit's later ones train eagerly") as caught:
+        estimator = _fitted("SPPE", "conjugate_gaussian", rounds=3, amortized=True)
+    assert len(builds) == 1 and len([w for w in caught if w.category is RuntimeWarning]) == 1
+    assert [entry.get("compile_fell_back", False) for entry in estimator.history] == [True, False, False]
+    assert estimator.round_training().compile is False and estimator.training.compile == "auto"
 
 
 def test_a_flow_that_clamps_its_release_never_compiles_on_the_cpu(monkeypatch):

@@ -656,7 +656,7 @@ class SequentialEstimator(abc.ABC):
                 self.loss(index),
                 train,
                 self._dataset(True),
-                self.training,
+                self.round_training(),
                 derive_seed(self.seed, index, "fit"),
                 f"{self.method} round {index + 1}",
                 progress.epoch,
@@ -822,6 +822,15 @@ class SequentialEstimator(abc.ABC):
         maps = self.task.mechanism.stabilizing_maps
         applies = self._epsilon_context and self.flow_settings.stabilize_release and any(maps)
         return tuple(maps) if applies else ()
+
+    def round_training(self) -> TrainingSettings:
+        """The next round's training settings: the fit's, eager where an earlier round's ``compile="auto"`` gave
+        way to eager steps (its compiler failed or got a gradient wrong: recompiling would fail again, minutes
+        spent and one more warning, each round; a resumed fit reads it from its history)."""
+        fell_back = any(entry.get("compile_fell_back") for entry in self.history)
+        if fell_back and self.training.compile == "auto":
+            return replace(self.training, compile=False)
+        return self.training
 
     @property
     def training_epsilon_range(self) -> tuple[float, float] | None:

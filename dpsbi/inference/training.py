@@ -334,7 +334,7 @@ class _Round:
         if compiled:
             mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")  # CUDA graphs
             compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=mode)
-        self.compute, self.checked = compute, set()
+        self.compute, self.checked, self.fell_back = compute, set(), False
         dtype = str(settings.precision)
         self.autocast = (
             (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
@@ -422,14 +422,15 @@ class _Round:
         return torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
 
     def _eagerly(self, why: str) -> None:
-        """Under ``compile="auto"``: the rest of the round eager, after one line saying ``why``."""
+        """Under ``compile="auto"``: the rest of the round eager, after one line saying ``why`` (the fit's later
+        rounds too: :func:`fit_flow`'s ``"compile_fell_back"``)."""
         warnings.warn(
             f"training compile='auto': {why} (torch {torch.__version__}; docs/RESULTS.md, 'Compiled on the CPU'); "
-            "this round trains eagerly",
+            "this round and the fit's later ones train eagerly",
             RuntimeWarning,
             stacklevel=3,
         )
-        self.compute = self.loss.compute
+        self.compute, self.fell_back = self.loss.compute, True
 
     def _warm_up(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """One eager step on a side stream, as torch's CUDA-graph recipe asks before a capture (it builds
@@ -542,7 +543,8 @@ def fit_flow(
     val_loss)`` reports each epoch; ``evaluations``, the flow evaluations of a step, decides ``compile="auto"`` on
     the CPU (:func:`compiles`). A non-finite loss raises :class:`NonFiniteLossError` naming ``label``, the
     epoch and the step. Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the
-    last epoch's mean)."""
+    last epoch's mean), with ``"compile_fell_back": True`` where ``compile="auto"`` gave way to eager steps (a
+    compiler that failed or got a gradient wrong: the fit's later rounds do not try again)."""
     device = training_device(settings)
     train, val = _on_device(flow, (train, val), settings, device)
     per_epoch, steps = planned_steps(settings, train[0].shape[0])
@@ -571,7 +573,14 @@ def fit_flow(
                 break
     flow.load_state_dict(best_state)
     flow.eval()
-    return {"epochs": epoch, "steps": epoch * per_epoch, "train_loss": train_loss, "best_val_loss": best_loss}
+    fell_back = {"compile_fell_back": True} if state.fell_back else {}
+    return {
+        "epochs": epoch,
+        "steps": epoch * per_epoch,
+        "train_loss": train_loss,
+        "best_val_loss": best_loss,
+        **fell_back,
+    }
 
 
 def step_seconds(
