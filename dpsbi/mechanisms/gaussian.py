@@ -76,10 +76,12 @@ def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
     (:attr:`Gaussian.epsilon_limits`)."""
     eps = epsilon.double()
     low, high, points = _LOG_EPS
-    key = (delta, eps.device)
-    if key not in _MU_TABLES:
+    key, cpu = (delta, eps.device), (delta, torch.device("cpu"))
+    if cpu not in _MU_TABLES:
         grid = torch.linspace(low, high, points, dtype=torch.float64)
-        _MU_TABLES[key] = torch.log(_bisected_mu(torch.exp(grid), delta)).to(eps.device)
+        _MU_TABLES[cpu] = torch.log(_bisected_mu(torch.exp(grid), delta))
+    if key not in _MU_TABLES:  # a copy on the device, made once
+        _MU_TABLES[key] = _MU_TABLES[cpu].to(eps.device)
     x = torch.log(eps)
     if torch.compiler.is_compiling():
         return _tabled_mu(eps, x.clamp(low, high), _MU_TABLES[key], delta)
