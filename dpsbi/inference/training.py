@@ -392,7 +392,8 @@ class _Round:
         """The compiled loss's gradient against the eager one's on the round's first batch of each size (each size
         is compiled anew, here, with torch's own deprecation warning silenced; one read on the host a check): beyond
         :data:`COMPILED_GRADIENT_TOLERANCE`, ``compile=True`` raises :class:`CompiledGradientError` and ``"auto"``
-        warns in one line and trains the round eagerly, as it does where the compiler fails to build the step."""
+        warns in one line and trains the round (and the fit's later rounds) eagerly, as it does where the compiler fails
+        to build the step."""
         self.checked.add(batch[0].shape[0])
         eager = self._gradient(self.loss.compute, batch, draws)
         try:
