@@ -107,7 +107,7 @@ TINY = {
         f"--seeds 0 --epsilons 1 --overrides {FIT} --reference {REFERENCE} --draws 200 --out probes.jsonl",
         output="probes.jsonl",
     ),
-    "scripts/amortized_epsilon.py": Tiny(f"{FIT} --draws 200", printed='"c2st"'),
+    "scripts/amortized_epsilon.py": Tiny(f"{FIT} --draws 200 --releases 1", printed='"c2st"'),
     "scripts/privacy_utility.py run": Tiny(
         f"--releases 2 --draws 200 --overrides {FIT} --reference {REFERENCE} --importance 40 "
         "--out privacy_utility.jsonl",
