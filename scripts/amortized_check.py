@@ -268,10 +268,11 @@ def accuracy(posterior, at, arguments: dict, k: int, args: argparse.Namespace) -
 
 
 def scored_epsilons(name: str, args: argparse.Namespace) -> list[tuple[int, float]]:
-    """``(k, epsilon)`` of each epsilon scored: ``--epsilons`` (default: the task's three), ``k`` its task
-    epsilon's index where it is one (its releases' seeds as before the option), else after them."""
+    """``(k, epsilon)`` of each epsilon scored: the task's three, those of them in ``--epsilons``, or with
+    ``--range`` every one of ``--epsilons``; ``k`` (its releases' seeds) the task epsilon's index where it is one,
+    else after them."""
     listed = TASKS[name][2]
-    wanted = args.epsilons or listed
+    wanted = args.epsilons if args.range else [e for e in listed if not args.epsilons or e in args.epsilons]
     return [(listed.index(e) if e in listed else len(listed) + i, e) for i, e in enumerate(wanted)]
 
 
@@ -317,12 +318,17 @@ def append(path: Path, row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
-def finished(path: Path) -> set[tuple[str, str]]:
-    """The ``(task, method)`` of every fit line in ``path`` (rows without a method are SPPE's)."""
+def finished(path: Path) -> set[tuple]:
+    """The ``(task, method, range)`` of every fit line in ``path`` (rows without a method are SPPE's, without an
+    ``epsilon_range`` fitted over the task's own: ``None``)."""
     if not path.exists():
         return set()
     rows = map(json.loads, path.read_text().splitlines())
-    return {(r["task"], r.get("method", "sppe")) for r in rows if r.get("fit_done")}
+    return {
+        (r["task"], r.get("method", "sppe"), tuple(r["epsilon_range"]) if "epsilon_range" in r else None)
+        for r in rows
+        if r.get("fit_done")
+    }
 
 
 def main() -> None:
@@ -418,7 +424,7 @@ def main() -> None:
     torch.set_num_threads(1)
     done = finished(args.out)
     for name in args.tasks:
-        if (name, args.method) not in done:
+        if (name, args.method, tuple(args.range) if args.range else None) not in done:
             check(name, args)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -158,6 +159,11 @@ def amortized_fit(
         expected = getattr(build, "func", build).method  # tsppe's partial builds an SPPE
         if posterior.method != expected:
             raise SystemExit(f"{saved} holds a {posterior.method} fit, not the {expected} fit asked for")
+        fitted = tuple(posterior.epsilon_range or ())
+        if len(fitted) != 2 or not all(math.isclose(a, b) for a, b in zip(fitted, epsilon_range)):
+            raise SystemExit(
+                f"{saved} was fitted over epsilon {fitted}, not the {tuple(epsilon_range)} asked for"
+            )
         return posterior, {"loaded": str(saved)}
     wall, cpu = time.perf_counter(), time.process_time()
     settings = {**({"rounds": args.rounds} if args.rounds else {}), **args.overrides}

@@ -39,16 +39,22 @@ def test_a_fit_line_skips_only_its_own_method(tmp_path):
         {"task": "poisson_counts", "method": "sple", "epsilon": 0.5},  # a scored row of an unfinished fit
     ]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert amortized_check.finished(out) == {("naive_bayes", "sppe"), ("conjugate_gaussian", "sple")}
+    assert amortized_check.finished(out) == {
+        ("naive_bayes", "sppe", None),
+        ("conjugate_gaussian", "sple", None),
+    }
 
 
 def test_scored_epsilons_keep_the_task_s_seeds():
     """``--epsilons`` picking the task's own keep each one's release seed (its index); others come after them."""
-    args = argparse.Namespace(epsilons=[9.0, 1.5])
-    assert amortized_check.scored_epsilons("naive_bayes", args) == [(2, 9.0), (0, 1.5)]
-    args = argparse.Namespace(epsilons=[0.15, 1.0, 9.0])  # a hundredfold --range on Poisson counts
+    args = argparse.Namespace(epsilons=[9.0, 4.0], range=None)
+    assert amortized_check.scored_epsilons("naive_bayes", args) == [(1, 4.0), (2, 9.0)]
+    assert amortized_check.scored_epsilons("poisson_counts", args) == []  # neither is one of its three
+    args = argparse.Namespace(epsilons=[0.15, 1.0, 9.0], range=[0.1, 10.0])  # a hundredfold range
     assert amortized_check.scored_epsilons("poisson_counts", args) == [(0, 0.15), (4, 1.0), (5, 9.0)]
-    assert amortized_check.scored_epsilons("poisson_counts", argparse.Namespace(epsilons=None)) == [
+    assert amortized_check.scored_epsilons(
+        "poisson_counts", argparse.Namespace(epsilons=None, range=None)
+    ) == [
         (0, 0.15),
         (1, 0.5),
         (2, 1.5),

@@ -105,6 +105,9 @@ def test_a_round_s_rate_leaves_out_its_first_epoch(monkeypatch):
     clock.now += 2 * per_epoch * 0.01
     progress.epoch(3, 0.0, 0.0)
     assert abs(progress.measured[kind] - 0.01) < 1e-9
-    progress.end_round({"steps": 3 * per_epoch, "seconds": clock.now + 5.0})
+    entry = {"round": 1, "steps": 3 * per_epoch, "seconds": clock.now + 5.0}
+    progress.end_round(entry)
     assert abs(progress.measured[kind] - 0.01) < 1e-9  # not (100 + steps) / steps
     assert abs(progress.other[True] - 5.0) < 1e-9
+    estimator.history = [entry]  # a resumed fit prices its steps as the round measured them
+    assert abs(module.FitProgress(estimator, 1, False).measured[kind] - 0.01) < 1e-9

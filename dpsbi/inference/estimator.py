@@ -276,13 +276,13 @@ class SequentialEstimator(abc.ABC):
         if self.epsilon_margin != 1 and self.epsilon_range is None:
             raise ValueError(f"epsilon_margin={epsilon_margin} widens epsilon_range, but the fit has none")
         limits = epsilon_limits(task.mechanism)
-        if self.epsilon_range is not None and limits is not None:
+        if self.epsilon_range is not None and limits is not None and self.training.compile is not False:
             low, high = self.training_epsilon_range
             if not limits[0] <= low < high <= limits[1]:
                 raise ValueError(
                     f"the fit trains over epsilon {low:g}-{high:g} (epsilon_range widened by epsilon_margin), "
-                    f"but {task.mechanism!r} is calibrated inside a training step at epsilon {limits[0]:.3g}-"
-                    f"{limits[1]:.3g} only; choose a range inside it"
+                    f"but a compiled step calibrates {task.mechanism!r} at epsilon {limits[0]:.3g}-"
+                    f"{limits[1]:.3g} only; choose a range inside it, or training=dict(compile=False)"
                 )
         self.budget = Budget.coerce(budget)
         self.stop_when_stable = None if stop_when_stable is None else float(stop_when_stable)
@@ -824,9 +824,10 @@ class SequentialEstimator(abc.ABC):
         return tuple(maps) if applies else ()
 
     def round_training(self) -> TrainingSettings:
-        """The next round's training settings: the fit's, eager where an earlier round's ``compile="auto"`` gave
-        way to eager steps (its compiler failed or got a gradient wrong: recompiling would fail again, minutes
-        spent and one more warning, each round; a resumed fit reads it from its history)."""
+        """The next round's training settings: the fit's, with ``compile=False`` where an earlier round's
+        ``compile="auto"`` gave way to uncompiled steps (its compiler failed or got a gradient wrong: recompiling
+        would fail again, minutes spent and one more warning, each round; a resumed fit reads it from its
+        history). Such rounds are not compiled; on CUDA they may still replay as CUDA graphs (``cuda_graph``)."""
         fell_back = any(entry.get("compile_fell_back") for entry in self.history)
         if fell_back and self.training.compile == "auto":
             return replace(self.training, compile=False)

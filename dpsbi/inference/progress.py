@@ -106,9 +106,13 @@ class FitProgress:
         self._render(f"epoch {epoch}, loss {train_loss:.3f} (validation {val_loss:.3f})")
 
     def end_round(self, entry: dict) -> None:
-        """The round finished: its training seconds go into ``entry`` (``"train_seconds"``), its rates are kept."""
+        """The round finished: its training seconds go into ``entry`` (``"train_seconds"``) and, where its epochs
+        measured it, its step's rate (``"step_seconds"``, so that a resumed fit prices steps as this one does); its
+        rates are kept."""
         entry["train_seconds"] = time.perf_counter() - self.train_began
-        self._learn(self.index, entry, self.probe_seconds, measured=self.settled is not None)
+        if self.settled is not None:
+            entry["step_seconds"] = self.measured[self.work(self.index)]
+        self._learn(self.index, entry, self.probe_seconds)
 
     # ---- the probe --------------------------------------------------------------------------------
     def probe(self, train) -> None:
@@ -176,14 +180,14 @@ class FitProgress:
         history = self.estimator.history
         return history[-1]["steps"] if history else None
 
-    def _learn(self, index: int, entry: dict, probing: float = 0.0, measured: bool = False) -> None:
-        """Keep a finished round's rates (a checkpoint's entries from before ``train_seconds`` existed give none);
-        ``probing``: seconds of the round spent on the probe, which no other round repeats; ``measured``: its
-        epochs measured its step's rate (kept), else its training seconds over its steps price one."""
+    def _learn(self, index: int, entry: dict, probing: float = 0.0) -> None:
+        """Keep a finished round's rates (a checkpoint's entries from before ``train_seconds`` existed give none):
+        its step's measured rate, else (entries from before ``step_seconds``) its training seconds over its steps;
+        ``probing``: seconds of the round spent on the probe, which no other round repeats."""
         if "train_seconds" not in entry or not entry.get("steps"):
             return
-        if not measured:
-            self.measured[self.work(index)] = entry["train_seconds"] / entry["steps"]
+        rate = entry.get("step_seconds", entry["train_seconds"] / entry["steps"])
+        self.measured[self.work(index)] = rate
         prior = index == 0 or self.estimator.amortized
         self.other[prior] = max(entry["seconds"] - entry["train_seconds"] - probing, 0.0)
 
