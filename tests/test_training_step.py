@@ -344,6 +344,28 @@ def test_a_compiled_loss_whose_gradient_is_wrong_is_refused_or_trained_eagerly(m
         state.step(data, rows)  # once a round
 
 
+def test_a_compiled_loss_is_checked_at_every_epoch(monkeypatch):
+    """torch 2.13's CPU compiler got some batches of a loss wrong and others right: a compiler right on its first
+    two calls and wrong after is caught at the next epoch's first batch (``compile=True``: refused)."""
+    calls = []
+
+    def compile(f, **options):
+        def compiled(*args):
+            calls.append(None)
+            return (2.0 if len(calls) > 2 else 1.0) * f(*args)
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile)
+    loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
+    data = (torch.randn(16, 2, generator=torch.Generator().manual_seed(0)),)
+    settings = TrainingSettings(accelerator="cpu", compile=True, batch_size=8)
+    state = _Round(torch.nn.Linear(2, 1), loss, settings, 0, 10)
+    state.train_epoch(data)  # its first batch checked right; its second batch wrong, unchecked
+    with pytest.raises(dpsbi.inference.training.CompiledGradientError, match="epoch's first batch"):
+        state.train_epoch(data)
+
+
 def test_a_fit_whose_compiler_failed_does_not_try_again(monkeypatch):
     """Under ``"auto"`` a round whose compiler fails trains eagerly after one warning, and so do the fit's later
     rounds without trying again (a failed check costs a compile each time), resumed or not."""

@@ -55,7 +55,7 @@ CPU_COMPILE_MIN_EVALUATIONS = 2_000_000
 COMPILER_NOISE = r"`torch\._prims_common\.check` is deprecated"
 
 #: How far a compiled loss's gradient may lie from the eager one's (the norm of the difference over the eager norm)
-#: on a round's first batch, where each compiled round checks it (bf16-mixed: ``COMPILED_GRADIENT_TOLERANCE_MIXED``).
+#: on each epoch's first batch, where each compiled round checks it (bf16-mixed: ``COMPILED_GRADIENT_TOLERANCE_MIXED``).
 #: Compiled and eager agree to 2e-6-5e-5 where the compiler is right; its bugs have cost 11-78 % (docs/RESULTS.md,
 #: "Compiled on the CPU").
 COMPILED_GRADIENT_TOLERANCE = 1e-3
@@ -107,7 +107,7 @@ class TrainingSettings(Settings):
     ``"auto"``: on CUDA for a round of at least :data:`COMPILE_MIN_STEPS` steps, on the CPU for a round of at least
     :data:`CPU_COMPILE_MIN_EVALUATIONS` flow evaluations where torch finds a C++ compiler, never there for a flow
     that clamps its release: :data:`CPU_CLAMPED_COMPILE_REFUSED`; each compiled round checks its loss's gradient
-    against eager on its first batch, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
+    against eager on each epoch's first batch, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
     whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
     rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
     ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
@@ -389,8 +389,9 @@ class _Round:
         return value
 
     def _check_compiled(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> None:
-        """The compiled loss's gradient against the eager one's on the round's first batch of each size (each size
-        is compiled anew, here, with torch's own deprecation warning silenced; one read on the host a check): beyond
+        """The compiled loss's gradient against the eager one's on each epoch's first batch of each size (each size
+        is compiled anew at its first check, with torch's own deprecation warning silenced; one read on the host a
+        check: torch 2.13's CPU compiler got some batches of a loss wrong and others right): beyond
         :data:`COMPILED_GRADIENT_TOLERANCE`, ``compile=True`` raises :class:`CompiledGradientError` and ``"auto"``
         warns in one line and trains the round (and the fit's later rounds) eagerly, as it does where the compiler fails
         to build the step."""
@@ -412,7 +413,7 @@ class _Round:
             error = difference / max(reference, torch.finfo(eager.dtype).tiny)
             raise CompiledGradientError(
                 f"training compile=True: the compiled loss's gradient is {error:.1%} off the eager one's on the "
-                f"round's first batch (torch {torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); "
+                f"epoch's first batch (torch {torch.__version__}'s compiler; docs/RESULTS.md, 'Compiled on the CPU'); "
                 "use compile=False or 'auto'"
             )
         self._eagerly("the compiled loss's gradient is off the eager one's")
@@ -459,6 +460,7 @@ class _Round:
         """One epoch of steps; returns the epoch's summed ``loss x rows`` and the index of its first non-finite
         step (``-1``: none), both on the device."""
         device = data[0].device
+        self.checked.clear()  # a compiled loss is checked again at the epoch's first batch of each size
         order = torch.randperm(data[0].shape[0], generator=self.shuffle, device=device)
         total = torch.zeros((), device=device)
         first_bad = torch.full((), -1, dtype=torch.long, device=device)
