@@ -83,13 +83,12 @@ def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
     if key not in _MU_TABLES:  # a copy on the device, made once
         _MU_TABLES[key] = _MU_TABLES[cpu].to(eps.device)
     x = torch.log(eps)
-    if torch.compiler.is_compiling():
-        return _tabled_mu(eps, x.clamp(low, high), _MU_TABLES[key], delta)
-    inside, host = (x >= low) & (x <= high), eps.device.type == "cpu"
+    inside, compiling = (x >= low) & (x <= high), torch.compiler.is_compiling()
+    host = eps.device.type == "cpu" and not compiling
     if host and not bool(inside.all()):
         return _bisected_mu(eps, delta)
     mu = _tabled_mu(eps, x.clamp(low, high), _MU_TABLES[key], delta)
-    return mu if host else torch.where(inside, mu, _bisected_mu(eps, delta))
+    return mu if host or compiling else torch.where(inside, mu, _bisected_mu(eps, delta))
 
 
 def _tabled_mu(eps: Tensor, x: Tensor, table: Tensor, delta: float) -> Tensor:
