@@ -305,6 +305,21 @@ def test_a_passing_check_leaves_the_round_as_it_was(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
 
 
+def test_a_compiled_fit_reports_its_largest_gradient_error(monkeypatch):
+    """``fit_flow`` returns the largest relative error of the compiled gradient over a compiled round's checks (one
+    an epoch), and nothing of it for an eager round."""
+    monkeypatch.setattr(torch, "compile", _compiler_standin(loss_factor=1.0 + 1e-4))
+    loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
+    data = (torch.randn(40, 2, generator=torch.Generator().manual_seed(0)),)
+    for compile in (True, False):
+        settings = TrainingSettings(accelerator="cpu", compile=compile, batch_size=8, max_steps=12)
+        history = dpsbi.inference.training.fit_flow(torch.nn.Linear(2, 1), loss, data, data, settings, seed=0)
+        if compile:
+            assert history["compile_gradient_error"] == pytest.approx(1e-4, rel=1e-2)
+        else:
+            assert "compile_gradient_error" not in history
+
+
 def test_auto_trains_eagerly_where_the_compiler_fails_to_build(monkeypatch):
     monkeypatch.setattr(torch, "compile", _compiler_standin(fails=True))
     monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: True)
@@ -330,15 +345,21 @@ def test_a_compiled_loss_whose_gradient_is_wrong_is_refused_or_trained_eagerly(m
     loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
     data, rows = (torch.randn(8, 2, generator=torch.Generator().manual_seed(0)),), torch.arange(8)
     state = _Round(torch.nn.Linear(2, 1), loss, TrainingSettings(accelerator="cpu", compile=True), 0, 10)
-    with pytest.raises(dpsbi.inference.training.CompiledGradientError, match="gradient is 100.0% off"):
+    with pytest.raises(
+        dpsbi.inference.training.CompiledGradientError,
+        match="gradient is 100.00% off the eager one's on step 1 ",
+    ):
         state.step(data, rows)
     flow = torch.nn.Linear(2, 1)
     eager_value = loss.compute(flow, data, ())
     state = _Round(flow, loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6)
     assert state.compiled
-    with pytest.warns(RuntimeWarning, match="this round and the fit's later ones train eagerly"):
+    with pytest.warns(
+        RuntimeWarning, match="100.00% off .* this round and the fit's later ones train eagerly"
+    ):
         value = state.step(data, rows)
     assert not state.compiled and torch.equal(value, eager_value.detach())
+    assert state.gradient_errors == [pytest.approx(1.0)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         state.step(data, rows)  # once a round
@@ -362,6 +383,7 @@ def test_a_compiled_loss_is_checked_at_every_epoch(monkeypatch):
     settings = TrainingSettings(accelerator="cpu", compile=True, batch_size=8)
     state = _Round(torch.nn.Linear(2, 1), loss, settings, 0, 10)
     state.train_epoch(data)  # its first batch checked right; its second batch wrong, unchecked
+    assert state.gradient_errors == [0.0]
     with pytest.raises(dpsbi.inference.training.CompiledGradientError, match="epoch's first batch"):
         state.train_epoch(data)
 
