@@ -276,13 +276,13 @@ class SequentialEstimator(abc.ABC):
         if self.epsilon_margin != 1 and self.epsilon_range is None:
             raise ValueError(f"epsilon_margin={epsilon_margin} widens epsilon_range, but the fit has none")
         limits = epsilon_limits(task.mechanism)
-        if self.epsilon_range is not None and limits is not None and self.training.compile is not False:
+        if self.epsilon_range is not None and limits is not None:
             low, high = self.training_epsilon_range
-            if not limits[0] <= low < high <= limits[1]:
+            if not limits[0] < low < high < limits[1]:
                 raise ValueError(
                     f"the fit trains over epsilon {low:g}-{high:g} (epsilon_range widened by epsilon_margin), "
-                    f"but a compiled step calibrates {task.mechanism!r} at epsilon {limits[0]:.3g}-"
-                    f"{limits[1]:.3g} only; choose a range inside it, or training=dict(compile=False)"
+                    f"but {task.mechanism!r} is calibrated at epsilon between {limits[0]:.3g} and "
+                    f"{limits[1]:.3g} only; choose a range inside it"
                 )
         self.budget = Budget.coerce(budget)
         self.stop_when_stable = None if stop_when_stable is None else float(stop_when_stable)

@@ -30,6 +30,7 @@ from torch import Tensor
 from .base import AdditiveNoise, Mechanism, check_exact_integers, check_integer, check_positive, check_scale
 from .epsilon import batched_copy, epsilons
 from .gaussian import analytic_sigma
+from .tables import tabled
 
 #: The largest discrete Gaussian sigma: its inverse-CDF table covers ``|k| <= 10 sigma + 2`` (2e7 entries here).
 MAX_SIGMA = 1e6
@@ -188,6 +189,8 @@ _BISECTIONS, _GOLDEN_STEPS = 64, 48
 #: Points of :func:`discrete_gaussian_quantiles`' window, ``low`` to ``low + 9`` (its ``high`` is at most ``low + 9``).
 _WINDOW = 10
 _GOLDEN = (math.sqrt(5) - 1) / 2
+#: The grid of the zCDP conversions' tables of optima (:func:`_at_optimum`): ``log epsilon`` or ``log rho``.
+_LOG_GRID = (-20.0, 20.0, 4097)
 
 
 def _log_normalizer(sigma: Tensor) -> Tensor:
@@ -258,9 +261,9 @@ def _bisect_log(private, low: Tensor, high: Tensor) -> Tensor:
     return torch.exp(high)
 
 
-def _golden_max(f, low: Tensor, high: Tensor) -> Tensor:
-    """``max f`` over ``[low, high]`` for a unimodal ``f`` (per entry): :data:`_GOLDEN_STEPS` golden-section
-    steps; the value at a point of the last bracket."""
+def _golden_argmax(f, low: Tensor, high: Tensor) -> Tensor:
+    """The point of ``max f`` over ``[low, high]`` for a unimodal ``f`` (per entry): :data:`_GOLDEN_STEPS`
+    golden-section steps; the better of the last bracket's two points."""
     a, b = low + (1 - _GOLDEN) * (high - low), low + _GOLDEN * (high - low)
     fa, fb = f(a), f(b)
     for _ in range(_GOLDEN_STEPS):
@@ -270,7 +273,23 @@ def _golden_max(f, low: Tensor, high: Tensor) -> Tensor:
         value = f(point)  # the one new point: a's successor on the left, b's on the right
         a, b = torch.where(left, point, b), torch.where(left, a, point)
         fa, fb = torch.where(left, value, fb), torch.where(left, fa, value)
-    return torch.maximum(fa, fb)
+    return torch.where(fa >= fb, a, b)
+
+
+def _at_optimum(kind: str, objective, guess, width: float, value: Tensor, delta: float) -> Tensor:
+    """``objective(value, delta)`` (a function of ``x = log(alpha - 1)``, per entry) at its maximum over ``guess(value,
+    delta) +- width``: the golden section's optimum, tabled as an offset from the guess over ``log value``
+    (:data:`_LOG_GRID`, once per ``delta``; :func:`~dpsbi.mechanisms.tables.tabled`) and interpolated. Every ``alpha``
+    gives a valid conversion, so the interpolation costs only optimality, to second order (about 1e-12 of the
+    value); outside the grid the offset at its nearer end."""
+
+    def offsets(t: Tensor) -> Tensor:
+        at = torch.exp(t)
+        start = guess(at, delta)
+        return _golden_argmax(objective(at, delta), start - width, start + width) - start
+
+    x = guess(value, delta) + tabled(kind, delta, _LOG_GRID, offsets, torch.log(value))
+    return objective(value, delta)(x)
 
 
 def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) -> Tensor:
@@ -295,32 +314,48 @@ def _alpha(x: Tensor) -> Tensor:
 
 
 def zcdp_epsilons(rho: Tensor, delta: float) -> Tensor:
-    """Vectorized :func:`zcdp_epsilon` (float64): the infimum over ``alpha`` by golden section in
-    ``log(alpha - 1)`` on the scalar version's bracket."""
-    rho, log_delta = rho.double(), math.log(delta)
+    """Vectorized :func:`zcdp_epsilon` (float64): the infimum over ``alpha`` in ``log(alpha - 1)`` on the scalar
+    version's bracket (:func:`_at_optimum`)."""
+    return (-_at_optimum("zcdp_epsilon", _minus_epsilon, _epsilon_guess, 8.0, rho.double(), delta)).clamp(
+        min=0.0
+    )
+
+
+def _minus_epsilon(rho: Tensor, delta: float):
+    """``x = log(alpha - 1) -> -epsilon``, the conversion of ``rho``-zCDP at ``alpha`` (CKS Cor. 13)."""
 
     def minus_eps(x: Tensor) -> Tensor:
         alpha = _alpha(x)
-        return -(alpha * rho + torch.log1p(-1 / alpha) - (log_delta + torch.log(alpha)) / (alpha - 1))
+        return -(alpha * rho + torch.log1p(-1 / alpha) - (math.log(delta) + torch.log(alpha)) / (alpha - 1))
 
-    guess = 0.5 * torch.log(-log_delta / rho)
-    return (-_golden_max(minus_eps, guess - 8, guess + 8)).clamp(min=0.0)
+    return minus_eps
+
+
+def _epsilon_guess(rho: Tensor, delta: float) -> Tensor:
+    """The optimum's ``log(alpha - 1)`` is near ``0.5 log(log(1/delta) / rho)``."""
+    return 0.5 * torch.log(-math.log(delta) / rho)
 
 
 def zcdp_rhos(epsilon: Tensor, delta: float) -> Tensor:
     """Vectorized :func:`zcdp_rho` (float64): ``epsilon(rho) <= epsilon`` means ``rho <= g(alpha) = (epsilon -
     log(1 - 1/alpha) + (log delta + log alpha) / (alpha - 1)) / alpha`` for some ``alpha > 1``, so the largest
-    ``rho`` is ``max_alpha g``, by golden section in ``log(alpha - 1)`` (any ``alpha`` gives a private ``rho``)."""
-    eps, log_delta = epsilon.double(), math.log(delta)
+    ``rho`` is ``max_alpha g``, in ``log(alpha - 1)`` (:func:`_at_optimum`; any ``alpha`` gives a private ``rho``)."""
+    return _at_optimum("zcdp_rho", _rho_bound, _rho_guess, 12.0, epsilon.double(), delta)
+
+
+def _rho_bound(eps: Tensor, delta: float):
+    """``x = log(alpha - 1) -> g(alpha)``, the ``rho`` whose conversion at ``alpha`` is ``eps``."""
 
     def g(x: Tensor) -> Tensor:
         alpha = _alpha(x)
-        return (eps - torch.log1p(-1 / alpha) + (log_delta + torch.log(alpha)) / (alpha - 1)) / alpha
+        return (eps - torch.log1p(-1 / alpha) + (math.log(delta) + torch.log(alpha)) / (alpha - 1)) / alpha
 
-    guess = torch.log(
-        -2 * log_delta / eps
-    )  # alpha - 1 = sqrt(log(1/delta) / rho), rho ~ eps^2 / (4 log(1/delta))
-    return _golden_max(g, guess - 12, guess + 12)
+    return g
+
+
+def _rho_guess(eps: Tensor, delta: float) -> Tensor:
+    """``alpha - 1 = sqrt(log(1/delta) / rho)`` with ``rho ~ eps^2 / (4 log(1/delta))``."""
+    return torch.log(-2 * math.log(delta) / eps)
 
 
 def discrete_gaussian_quantiles(w: Tensor, sigma: Tensor) -> Tensor:

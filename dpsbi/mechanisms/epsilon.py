@@ -47,8 +47,9 @@ def epsilons(epsilon) -> Tensor:
 
 
 def epsilon_limits(mechanism: Mechanism) -> tuple[float, float] | None:
-    """The epsilons ``mechanism``'s family can be re-calibrated at inside a training step (its
-    ``epsilon_limits``, through post-processing), or ``None`` where any positive epsilon will do."""
+    """The open interval ``(low, high)`` of epsilons ``mechanism``'s family can be re-calibrated at inside a
+    training step (its ``epsilon_limits``, through post-processing), or ``None`` where any positive epsilon will
+    do: a step cannot check its rows' epsilons without waiting for the device, so a fit's range is checked first."""
     from .postprocessing import PostProcessed
 
     if isinstance(mechanism, PostProcessed):

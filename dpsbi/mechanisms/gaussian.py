@@ -21,6 +21,7 @@ from .base import (
     show,
 )
 from .epsilon import batched_copy, epsilons
+from .tables import tabled
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
@@ -37,17 +38,18 @@ def analytic_delta(mu: float, epsilon: float) -> float:
     return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
 
 
-#: ``log mu`` of the analytic calibration on a grid of ``log epsilon`` in [-10, 10], per delta and device
-#: (:func:`analytic_mu`).
-_MU_TABLES: dict[tuple[float, torch.device], Tensor] = {}
-_LOG_EPS = (-10.0, 10.0, 2049)
-#: The epsilons on that table, where a compiled training step calibrates the analytic Gaussian mechanism.
-EPSILON_TABLE = (math.exp(_LOG_EPS[0]), math.exp(_LOG_EPS[1]))
+#: The grid of :func:`analytic_mu`'s table of ``log mu``: ``log epsilon`` from -40 (below it ``mu`` no longer moves, to double precision, for any delta >= 1e-12)
+#: to 18.75 (above every epsilon whose ``mu`` lies in :data:`MU_RANGE`), in steps of 5/512.
+_LOG_EPS = (-40.0, 18.75, 6017)
+#: The largest epsilon the vectorized analytic calibration takes (:attr:`Gaussian.epsilon_limits`): the table's end,
+#: beyond every epsilon :func:`analytic_sigma` calibrates (``mu`` at most ``1e4``: epsilon about 5e7).
+EPSILON_MAX = math.exp(_LOG_EPS[1])
 
 
 def _bisected_mu(eps: Tensor, delta: float) -> Tensor:
     """``mu`` with ``analytic_delta(mu, eps) = delta`` for every entry of ``eps`` (float64): bisection in ``log mu``
-    on ``[1e-8, 1e4]`` (where :func:`analytic_sigma`'s ``brentq`` looks), 64 halvings, all entries at once."""
+    on ``[1e-8, 1e4]`` (where :func:`analytic_sigma`'s ``brentq`` looks), 64 halvings, all entries at once: what
+    :func:`analytic_mu`'s table is built by."""
     lo, hi = torch.full_like(eps, math.log(1e-8)), torch.full_like(eps, math.log(1e4))
     for _ in range(64):
         mid = (lo + hi) / 2
@@ -66,39 +68,22 @@ def _analytic_delta(mu: Tensor, eps: Tensor) -> Tensor:
 def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
     """Vectorized :func:`analytic_sigma`: ``mu = Delta_2 / sigma`` (float64) of the exactly ``(epsilon, delta)``-DP
     Gaussian mechanism for every entry of the tensor ``epsilon``. Interpolated in a table of ``log mu`` over
-    ``log epsilon`` (built once per ``delta`` by bisection), then polished by three Newton steps on
-    ``delta(mu) = delta``, whose derivative is ``phi(-epsilon / mu + mu / 2)``: agrees with ``brentq`` to ~1e-12.
-    Epsilons off the table (outside :data:`EPSILON_TABLE`) are bisected directly: on the CPU after one host read of
-    whether there are any; on a device every call bisects too and keeps the bisection where an entry is off the
-    table, so that a step never waits for the host. While ``torch.compile`` traces (a compiled training step) the
-    table alone is used, so that the step neither breaks its graph nor compiles 64 halvings (2 more minutes of
-    compiling on a CPU): its epsilons come from the fit's range, which the estimator keeps on the table
-    (:attr:`Gaussian.epsilon_limits`)."""
+    ``log epsilon`` (:data:`_LOG_EPS`, built once per ``delta`` by bisection: :func:`~dpsbi.mechanisms.tables.
+    tabled`), then polished by three Newton steps on ``delta(mu) = delta``, whose derivative is
+    ``phi(-epsilon / mu + mu / 2)``: agrees with ``brentq`` as the bisection does, from epsilon 1e-30 to the end of
+    the calibrated range. The same few kernels on every device, eager or compiled: a training step neither waits for
+    the host nor breaks its graph. On the CPU outside ``torch.compile``, epsilons above :data:`EPSILON_MAX` are
+    refused in one line (elsewhere the fit's range is checked against it first: :attr:`Gaussian.epsilon_limits`)."""
     eps = epsilon.double()
-    low, high, points = _LOG_EPS
-    key, cpu = (delta, eps.device), (delta, torch.device("cpu"))
-    if cpu not in _MU_TABLES:
-        grid = torch.linspace(low, high, points, dtype=torch.float64)
-        _MU_TABLES[cpu] = torch.log(_bisected_mu(torch.exp(grid), delta))
-    if key not in _MU_TABLES:  # a copy on the device, made once
-        _MU_TABLES[key] = _MU_TABLES[cpu].to(eps.device)
     x = torch.log(eps)
-    inside, compiling = (x >= low) & (x <= high), torch.compiler.is_compiling()
-    host = eps.device.type == "cpu" and not compiling
-    if host and not bool(inside.all()):
-        return _bisected_mu(eps, delta)
-    mu = _tabled_mu(eps, x.clamp(low, high), _MU_TABLES[key], delta)
-    return mu if host or compiling else torch.where(inside, mu, _bisected_mu(eps, delta))
-
-
-def _tabled_mu(eps: Tensor, x: Tensor, table: Tensor, delta: float) -> Tensor:
-    """:func:`analytic_mu` at ``eps`` whose ``x = log eps`` lie on the table: interpolated, then polished."""
-    low, high, points = _LOG_EPS
-    position = (x - low) / (high - low) * (points - 1)
-    index = position.floor().clamp(0, points - 2)
-    weight = position - index
-    index = index.long()
-    mu = torch.exp(table[index] * (1 - weight) + table[index + 1] * weight)
+    if eps.device.type == "cpu" and not torch.compiler.is_compiling() and bool((x > _LOG_EPS[1]).any()):
+        raise ValueError(
+            f"the analytic Gaussian calibration covers epsilon up to {EPSILON_MAX:.3g}, got "
+            f"{float(eps.max()):.3g}; choose smaller epsilons"
+        )
+    mu = torch.exp(
+        tabled("analytic_mu", delta, _LOG_EPS, lambda g: torch.log(_bisected_mu(torch.exp(g), delta)), x)
+    )
     for _ in range(3):
         a = -eps / mu + mu / 2
         slope = torch.exp(-0.5 * a**2) / math.sqrt(2 * math.pi)
@@ -244,7 +229,11 @@ class Gaussian(AdditiveNoise, Mechanism):
             )
         epsilon = epsilons(epsilon)
         if calibration == "classic":
-            if bool((epsilon >= 1).any()):
+            if (
+                epsilon.device.type == "cpu"
+                and not torch.compiler.is_compiling()
+                and bool((epsilon >= 1).any())
+            ):
                 raise ValueError(
                     f"classic Gaussian calibration needs epsilon < 1 (got up to {float(epsilon.max()):g}); "
                     "use calibration='analytic'"
@@ -261,9 +250,9 @@ class Gaussian(AdditiveNoise, Mechanism):
 
     @property
     def epsilon_limits(self) -> tuple[float, float] | None:
-        """The epsilons an amortized fit may train over (:data:`EPSILON_TABLE`, where a compiled step calibrates
-        analytically); ``None`` under the classic calibration, a closed form (its ``epsilon < 1`` is checked)."""
-        return None if getattr(self, "_calibration", "analytic") == "classic" else EPSILON_TABLE
+        """The epsilons an amortized fit may train over: up to :data:`EPSILON_MAX` (analytic calibration), below 1
+        (classic), which a training step cannot check without waiting for the device."""
+        return (0.0, 1.0) if getattr(self, "_calibration", "analytic") == "classic" else (0.0, EPSILON_MAX)
 
     @property
     def rho(self) -> float:
