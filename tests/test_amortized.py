@@ -104,7 +104,7 @@ def test_the_analytic_calibration_is_one_path_on_every_device_and_fits_stay_in_i
     dpsbi.SPPE(task, amortized=True, epsilon_range=(1e-8, 1e6), epsilon_margin=10)
     for training in ({}, {"compile": False}):
         with pytest.raises(
-            ValueError, match=r"is calibrated at epsilon between 0 and 1.39e\+08 only"
+            ValueError, match=r"re-calibrated per row only at epsilon between 0 and 1.39e\+08"
         ) as error:
             dpsbi.SPPE(task, amortized=True, epsilon_range=(1.0, 1e8), epsilon_margin=10, training=training)
         assert "\n" not in str(error.value)

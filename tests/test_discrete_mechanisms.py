@@ -15,13 +15,16 @@ import torch
 from scipy import stats
 from torch.distributions import Gamma, Independent
 
+import dpsbi
 from dpsbi.baselines import rejection_abc
 from dpsbi.inference.losses import dequantized
 from dpsbi.mechanisms import DiscreteGaussian, DiscreteLaplace
 from dpsbi.mechanisms.discrete import (
     discrete_gaussian_delta,
+    discrete_gaussian_epsilons,
     discrete_gaussian_log_normalizer,
     discrete_gaussian_log_tail,
+    one_to_one_epsilon,
     zcdp_epsilon,
 )
 from dpsbi.tasks import Task
@@ -273,6 +276,38 @@ def test_per_row_calibration_from_epsilon_is_the_scalar_one(dim, sensitivity, de
         assert got == pytest.approx(want.sigma, rel=1e-6)
     for got, want in zip(batched.rho.flatten().tolist(), expected):
         assert got == pytest.approx(want.rho, rel=1e-6)
+
+
+@pytest.mark.parametrize(("delta", "sensitivity"), [(1e-6, 1), (1e-10, 3)])
+def test_below_its_limit_a_scalar_statistics_epsilon_has_one_sigma(delta, sensitivity):
+    """A release's sigma (from OpenDP, say) gives its epsilon; a training step calibrates a sigma back from it: below
+    ``one_to_one_epsilon`` the two agree (5000 sigmas drawn off the limit's own grid), above it they need not
+    (``sigma = 1``, sensitivity 1, delta 1e-6: 9 % apart), and an amortized fit reaching past it is refused in one
+    line."""
+    u = torch.rand(5000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sigma = torch.exp(math.log(0.01) + u * math.log(3000 * sensitivity))
+    epsilon = discrete_gaussian_epsilons(delta, sigma, sensitivity)
+    back = DiscreteGaussian(1.0, delta, sensitivity).with_epsilon(epsilon).sigma
+    limit = one_to_one_epsilon(delta, sensitivity)
+    below = epsilon < limit
+    assert 1000 < int(below.sum()) < 5000
+    assert float((back / sigma - 1)[below].abs().max()) <= 1e-3
+    if (delta, sensitivity) == (1e-6, 1):  # sigma 1 is private at epsilon 4.50, which calibrates back to 1.09
+        one = torch.tensor([1.0], dtype=torch.float64)
+        assert (
+            float(DiscreteGaussian(1.0, delta).with_epsilon(discrete_gaussian_epsilons(delta, one, 1)).sigma)
+            > 1.09
+        )
+    task = dpsbi.tasks.from_simulator(
+        dpsbi.tasks.box([0.0], [100.0]),
+        lambda theta: theta.round(),
+        DiscreteGaussian(1.0, delta, sensitivity),
+        None,
+    )
+    dpsbi.SPPE(task, amortized=True, epsilon_range=(0.2, 0.9 * limit))
+    with pytest.raises(ValueError, match="re-calibrated per row only at epsilon between 0 and") as error:
+        dpsbi.SPPE(task, amortized=True, epsilon_range=(0.2, 1.1 * limit))
+    assert "\n" not in str(error.value)
 
 
 def test_the_zcdp_calibration_is_a_table_on_every_device(operator_count):

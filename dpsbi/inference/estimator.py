@@ -281,8 +281,8 @@ class SequentialEstimator(abc.ABC):
             if not limits[0] < low < high < limits[1]:
                 raise ValueError(
                     f"the fit trains over epsilon {low:g}-{high:g} (epsilon_range widened by epsilon_margin), "
-                    f"but {task.mechanism!r} is calibrated at epsilon between {limits[0]:.3g} and "
-                    f"{limits[1]:.3g} only; choose a range inside it"
+                    f"but {task.mechanism!r} can be re-calibrated per row only at epsilon between {limits[0]:.3g} "
+                    f"and {limits[1]:.3g} (its epsilon_limits); choose a range inside it"
                 )
         self.budget = Budget.coerce(budget)
         self.stop_when_stable = None if stop_when_stable is None else float(stop_when_stable)
