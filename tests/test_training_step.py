@@ -447,24 +447,6 @@ def test_a_fit_whose_compiler_failed_does_not_try_again(monkeypatch):
     assert estimator.round_training().compile is False and estimator.training.compile == "auto"
 
 
-def test_a_flow_that_clamps_its_release_never_compiles_on_the_cpu(monkeypatch):
-    """torch 2.13's CPU compiler got the gradients of regression's SPPE loss wrong (11 %) on some batches: its
-    posterior flow clamps the release. ``compile=True`` refuses such a flow on the CPU, ``"auto"`` leaves it eager;
-    SPLE's likelihood flow, and a posterior flow of a task with nothing to clamp (SIR), clamp nothing."""
-    monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: True)
-    sppe, sple = _fitted("SPPE", "regression").flow, _fitted("SPLE", "regression").flow
-    assert sppe.clamps_context and sppe.double().clamps_context  # "64-true": the buffers cast to float64
-    assert not sple.clamps_context and not sple.double().clamps_context
-    assert not _fitted("SPPE", "sir").flow.clamps_context
-    flow, loss = torch.nn.Linear(2, 1), dpsbi.inference.training.Loss(None)
-    flow.clamps_context = True
-    with pytest.raises(ValueError, match="gradients of a flow that clamps its release wrong"):
-        _Round(flow, loss, TrainingSettings(accelerator="cpu", compile=True), 0, 10)
-    assert not _Round(flow, loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6).compiled
-    flow.clamps_context = False
-    assert _Round(flow, loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6).compiled
-
-
 def test_a_fit_tells_compile_auto_its_steps_flow_evaluations(monkeypatch):
     seen = []
 

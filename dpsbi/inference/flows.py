@@ -274,16 +274,6 @@ class ConditionalFlow(nn.Module):
         return self.config.backend == "nflows"
 
     @property
-    def clamps_context(self) -> bool:
-        """Whether it clamps some release coordinate (a finite bound; ``clamp_release``): torch 2.13's CPU compiler
-        got the gradients of such a flow's loss wrong on some batches (docs/RESULTS.md, "Compiled on the CPU")."""
-        if not self.config.clamp_release:
-            return False
-        # unbounded columns hold the build dtype's largest number, float32's at least (in any dtype after a cast)
-        huge = torch.finfo(torch.float32).max
-        return bool((self.clamp_low > -huge).any() or (self.clamp_high < huge).any())
-
-    @property
     def dtype(self) -> torch.dtype:
         """The dtype of its weights (torch's default when it was built)."""
         return next(self.parameters()).dtype

@@ -48,7 +48,7 @@ COMPILE_MIN_STEPS = 2000
 #: evaluation), and compiling a loss first takes 64-168 s (docs/RESULTS.md, "Compiled on the CPU"): from here one
 #: round saves about what a cold compile costs, and later rounds compile from torch's cache in seconds. Of the
 #: defaults, every amortized SPLE fit (4000 evaluations a step, 500-950 steps a round) and SIR's amortized SPPE fit
-#: (1000 a step, 13 300 steps) reach it; a flow that clamps its release never compiles on the CPU.
+#: (1000 a step, 13 300 steps) reach it.
 CPU_COMPILE_MIN_EVALUATIONS = 2_000_000
 #: The warning torch 2.13's compiler gives while compiling a loss (forward and backward), about a function of its own
 #: it deprecated: nothing a user can act on, so a compiled fit silences it (and no other).
@@ -64,14 +64,6 @@ COMPILER_NOISE = r"`torch\._prims_common\.check` is deprecated"
 #: batch beyond it is confirmed on the next batch (:meth:`_Round._check_compiled`).
 COMPILED_GRADIENT_TOLERANCE = 1e-3
 COMPILED_GRADIENT_TOLERANCE_MIXED = 3e-2
-
-#: Why a flow that clamps its context never compiles on the CPU (:attr:`~dpsbi.inference.flows.ConditionalFlow.
-#: clamps_context`): torch 2.13's CPU compiler got such a loss's gradients wrong on some batches and right on others.
-CPU_CLAMPED_COMPILE_REFUSED = (
-    "training compile=True on the CPU: torch 2.13's CPU compiler gets the gradients of a flow that clamps its "
-    "release wrong on some batches (11 % on regression's SPPE step; docs/RESULTS.md, 'Compiled on the CPU'); use "
-    "compile=False, or FlowSettings(clamp_release=False)"
-)
 
 #: The fields of :class:`TrainingSettings` that belong to the machine.
 DEVICE_FIELDS = ("accelerator", "devices", "precision", "threads", "compile", "cuda_graph")
@@ -109,9 +101,8 @@ class TrainingSettings(Settings):
     fit on the CPU, restored after; ``None`` keeps the process's; 1 is fastest for these small batches and
     robust on a busy machine), ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
     ``"auto"``: on CUDA for a round of at least :data:`COMPILE_MIN_STEPS` steps, on the CPU for a round of at least
-    :data:`CPU_COMPILE_MIN_EVALUATIONS` flow evaluations where torch finds a C++ compiler, never there for a flow
-    that clamps its release: :data:`CPU_CLAMPED_COMPILE_REFUSED`; each compiled round checks its loss's gradient
-    against eager on each epoch's first batch, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
+    :data:`CPU_COMPILE_MIN_EVALUATIONS` flow evaluations where torch finds a C++ compiler; each compiled round checks
+    its loss's gradient against eager on each epoch's first batch, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
     whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
     rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
     ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
@@ -238,17 +229,10 @@ def compiles(
     device: torch.device,
     steps: int | None,
     evaluations: float | None = None,
-    flow: nn.Module | None = None,
 ) -> bool:
     """Whether a round of ``steps`` steps (``None``: open-ended) of ``evaluations`` flow evaluations each
-    (``None``: unknown) of ``flow`` compiles its loss (``compile``); ``"auto"`` gives way to ``cuda_graph=True``.
-    On the CPU a flow that clamps its release never compiles (``compile=True`` refused in one line,
-    :data:`CPU_CLAMPED_COMPILE_REFUSED`)."""
+    (``None``: unknown) compiles its loss (``compile``); ``"auto"`` gives way to ``cuda_graph=True``."""
     if settings.compile is False:
-        return False
-    if device.type == "cpu" and getattr(flow, "clamps_context", False):
-        if settings.compile is True:
-            raise ValueError(CPU_CLAMPED_COMPILE_REFUSED)
         return False
     if settings.compile is True:
         return True
@@ -325,7 +309,7 @@ class _Round:
         self.shuffle = torch.Generator(device=device).manual_seed(derive_seed(seed, "shuffle"))
         self.noise = torch.Generator(device=device).manual_seed(derive_seed(seed, "noise"))
         self.val_seed = derive_seed(seed, "validation")
-        compiled = compiles(settings, device, steps, evaluations, flow)
+        compiled = compiles(settings, device, steps, evaluations)
         self.graphed = graphs(settings, flow, compiled)
         # a graph reads the learning rate from the device (a tensor written before each replay); Adam's state,
         # step count included, stays on the device
