@@ -108,12 +108,22 @@ def test_the_analytic_calibration_is_one_path_on_every_device_and_fits_stay_in_i
         ) as error:
             dpsbi.SPPE(task, amortized=True, epsilon_range=(1.0, 1e8), epsilon_margin=10, training=training)
         assert "\n" not in str(error.value)
+    for delta in (
+        1e-3,
+        1e-9,
+    ):  # beyond brentq's range, up to the table's end: a root of delta(mu), not a bound
+        at = torch.tensor([6e7, 1e8, 1.38e8], dtype=torch.float64)
+        mu = analytic_mu(at, delta)
+        relative = (
+            torch.special.ndtr(-at / mu + mu / 2) - torch.exp(at + torch.special.log_ndtr(-at / mu - mu / 2))
+        ) / delta
+        assert torch.isfinite(mu).all() and float((relative - 1).abs().max()) < 1e-6
     classic = dpsbi.tasks.from_simulator(
         dpsbi.tasks.box([0.0], [1.0]), lambda theta: theta, Gaussian(0.5, 1e-5, 1.0, 1, "classic"), None
     )
     dpsbi.SPPE(classic, amortized=True, epsilon_range=(0.1, 0.9))
-    with pytest.raises(ValueError, match="needs epsilon < 1"):
-        dpsbi.SPPE(classic, amortized=True, epsilon_range=(0.1, 2.0))
+    with pytest.raises(ValueError, match="re-calibrated per row only at epsilon between 0 and 1 "):
+        dpsbi.SPPE(classic, amortized=True, epsilon_range=(0.1, 0.9), epsilon_margin=1.2)
 
 
 def test_vectorized_analytic_calibration_agrees_with_brentq():
@@ -176,6 +186,16 @@ def test_epsilon_range_needs_amortized_and_a_proper_range():
         dpsbi.SPPE(task, epsilon_range=(0.5, 2.0), **TINY)
     with pytest.raises(ValueError, match="0 < low < high"):
         dpsbi.SPPE(task, amortized=True, epsilon_range=(2.0, 0.5), **TINY)
+    for delta in (
+        1e-3,
+        1e-9,
+    ):  # beyond brentq's range, up to the table's end: a root of delta(mu), not a bound
+        at = torch.tensor([6e7, 1e8, 1.38e8], dtype=torch.float64)
+        mu = analytic_mu(at, delta)
+        relative = (
+            torch.special.ndtr(-at / mu + mu / 2) - torch.exp(at + torch.special.log_ndtr(-at / mu - mu / 2))
+        ) / delta
+        assert torch.isfinite(mu).all() and float((relative - 1).abs().max()) < 1e-6
     classic = dpsbi.tasks.from_simulator(
         dpsbi.tasks.normal(0.0, 1.0), lambda t: t, Gaussian(0.5, 1e-5, 1.0, calibration="classic"), None
     )

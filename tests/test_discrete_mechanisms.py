@@ -278,7 +278,7 @@ def test_per_row_calibration_from_epsilon_is_the_scalar_one(dim, sensitivity, de
         assert got == pytest.approx(want.rho, rel=1e-6)
 
 
-@pytest.mark.parametrize(("delta", "sensitivity"), [(1e-6, 1), (1e-10, 3)])
+@pytest.mark.parametrize(("delta", "sensitivity"), [(1e-6, 1), (1e-5, 1), (1e-10, 3)])
 def test_below_its_limit_a_scalar_statistics_epsilon_has_one_sigma(delta, sensitivity):
     """A release's sigma (from OpenDP, say) gives its epsilon; a training step calibrates a sigma back from it: below
     ``one_to_one_epsilon`` the two agree (5000 sigmas drawn off the limit's own grid), above it they need not
@@ -292,6 +292,9 @@ def test_below_its_limit_a_scalar_statistics_epsilon_has_one_sigma(delta, sensit
     below = epsilon < limit
     assert 1000 < int(below.sum()) < 5000
     assert float((back / sigma - 1)[below].abs().max()) <= 1e-3
+    if (delta, sensitivity) == (1e-5, 1):  # a narrow band a grid of 8001 sigmas missed (its limit was 1.7612)
+        band = torch.tensor([2.1969], dtype=torch.float64)
+        assert limit < float(discrete_gaussian_epsilons(delta, band, 1)) < 1.7612
     if (delta, sensitivity) == (1e-6, 1):  # sigma 1 is private at epsilon 4.50, which calibrates back to 1.09
         one = torch.tensor([1.0], dtype=torch.float64)
         assert (

@@ -275,8 +275,8 @@ class SequentialEstimator(abc.ABC):
             raise ValueError(f"epsilon_margin must be a factor >= 1, got {epsilon_margin}")
         if self.epsilon_margin != 1 and self.epsilon_range is None:
             raise ValueError(f"epsilon_margin={epsilon_margin} widens epsilon_range, but the fit has none")
-        limits = epsilon_limits(task.mechanism)
-        if self.epsilon_range is not None and limits is not None:
+        limits = None if self.epsilon_range is None else epsilon_limits(task.mechanism)
+        if limits is not None:
             low, high = self.training_epsilon_range
             if not limits[0] < low < high < limits[1]:
                 raise ValueError(

@@ -38,19 +38,22 @@ def analytic_delta(mu: float, epsilon: float) -> float:
     return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
 
 
-#: The grid of :func:`analytic_mu`'s table of ``log mu``: ``log epsilon`` from -40 (below it ``mu`` no longer moves, to double precision, for any delta >= 1e-12)
-#: to 18.75 (above every epsilon whose ``mu`` lies in :data:`MU_RANGE`), in steps of 5/512.
+#: The grid of :func:`analytic_mu`'s table of ``log mu``: ``log epsilon`` from -40 (below it ``mu`` no longer moves,
+#: to double precision, for any delta >= 1e-12) to 18.75 (beyond every epsilon :func:`analytic_sigma` calibrates:
+#: ``mu`` at most 1e4, epsilon about 5e7), in steps of 5/512.
 _LOG_EPS = (-40.0, 18.75, 6017)
-#: The largest epsilon the vectorized analytic calibration takes (:attr:`Gaussian.epsilon_limits`): the table's end,
-#: beyond every epsilon :func:`analytic_sigma` calibrates (``mu`` at most ``1e4``: epsilon about 5e7).
+#: The largest epsilon the vectorized analytic calibration takes (:attr:`Gaussian.epsilon_limits`): the table's end.
 EPSILON_MAX = math.exp(_LOG_EPS[1])
+#: Where :func:`_bisected_mu` searches: wider than :data:`MU_RANGE` (the scalar calibration's), so that the table
+#: holds roots to its ends (``mu`` about 1.7e4 at epsilon e^18.75; ``mu`` near ``delta sqrt(2 pi)`` as epsilon
+#: goes to 0, above 1e-13 for delta >= 4e-14).
+_TABLE_MU_RANGE = (1e-13, 1e5)
 
 
 def _bisected_mu(eps: Tensor, delta: float) -> Tensor:
     """``mu`` with ``analytic_delta(mu, eps) = delta`` for every entry of ``eps`` (float64): bisection in ``log mu``
-    on ``[1e-8, 1e4]`` (where :func:`analytic_sigma`'s ``brentq`` looks), 64 halvings, all entries at once: what
-    :func:`analytic_mu`'s table is built by."""
-    lo, hi = torch.full_like(eps, math.log(1e-8)), torch.full_like(eps, math.log(1e4))
+    on :data:`_TABLE_MU_RANGE`, 64 halvings, all entries at once: what :func:`analytic_mu`'s table is built by."""
+    lo, hi = (torch.full_like(eps, math.log(bound)) for bound in _TABLE_MU_RANGE)
     for _ in range(64):
         mid = (lo + hi) / 2
         larger = _analytic_delta(torch.exp(mid), eps) > delta  # delta grows with mu: the root lies below
@@ -70,8 +73,8 @@ def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
     Gaussian mechanism for every entry of the tensor ``epsilon``. Interpolated in a table of ``log mu`` over
     ``log epsilon`` (:data:`_LOG_EPS`, built once per ``delta`` by bisection: :func:`~dpsbi.mechanisms.tables.
     tabled`), then polished by three Newton steps on ``delta(mu) = delta``, whose derivative is
-    ``phi(-epsilon / mu + mu / 2)``: agrees with ``brentq`` as the bisection does, from epsilon 1e-30 to the end of
-    the calibrated range. The same few kernels on every device, eager or compiled: a training step neither waits for
+    ``phi(-epsilon / mu + mu / 2)``: agrees with ``brentq`` wherever it has a root, and solves ``delta(mu) = delta``
+    to rounding up to :data:`EPSILON_MAX` (beyond ``brentq``'s range). The same few kernels on every device, eager or compiled: a training step neither waits for
     the host nor breaks its graph. On the CPU outside ``torch.compile``, epsilons above :data:`EPSILON_MAX` are
     refused in one line (elsewhere the fit's range is checked against it first: :attr:`Gaussian.epsilon_limits`)."""
     eps = epsilon.double()
