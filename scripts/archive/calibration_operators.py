@@ -42,7 +42,12 @@ def measure(name: str, mechanism, repeats: int = 20) -> dict:
     for _ in range(repeats):
         at_epsilons(mechanism, epsilon)
     cpu_ms = (time.process_time() - began) / repeats * 1e3
-    return {"task": name, "mechanism": type(mechanism).__name__, "operators": count.calls, "cpu_ms": round(cpu_ms, 2)}
+    return {
+        "task": name,
+        "mechanism": type(mechanism).__name__,
+        "operators": count.calls,
+        "cpu_ms": round(cpu_ms, 2),
+    }
 
 
 def main() -> None:
@@ -54,7 +59,10 @@ def main() -> None:
             continue
         if epsilon_range_problem(mechanism) is None:
             print(json.dumps(measure(name, mechanism)), flush=True)
-    print(json.dumps(measure("(scalar discrete Gaussian, sensitivity 1)", DiscreteGaussian(1.0, 1e-6))), flush=True)
+    print(
+        json.dumps(measure("(scalar discrete Gaussian, sensitivity 1)", DiscreteGaussian(1.0, 1e-6))),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
