@@ -25,6 +25,7 @@ import time
 import warnings
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dpsbi
 from dpsbi.inference.training import TrainingSettings, _deterministic, _Round, batches
@@ -85,6 +86,19 @@ def synchronizations(run) -> list[str]:
     return [
         str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)
     ]
+
+
+class OperatorCount(TorchDispatchMode):
+    """The torch operators run inside it (``calls``): a GPU's kernels, counted on the CPU or torch's meta device.
+    The tests' operator bounds use it too (``tests/conftest.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
 
 
 def kernels(run, device: torch.device, path: str, title: str, steps: int = 3) -> None:

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -52,20 +51,11 @@ def cuda_synchronizations():
     return synchronizations
 
 
-class _OperatorCount(TorchDispatchMode):
-    """The torch operators run inside it (``calls``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture
 def operator_count():
-    """A context manager counting the torch operators run inside it (``with operator_count() as count``,
-    ``count.calls``): a step's kernels on a GPU, counted on the CPU or torch's meta device."""
-    return _OperatorCount
+    """``scripts/bench_step.py``'s ``OperatorCount``: a context manager counting the torch operators run inside it
+    (``with operator_count() as count``, ``count.calls``), a step's kernels on a GPU counted on the CPU or torch's
+    meta device (imported on use, as ``cuda_synchronizations``)."""
+    from bench_step import OperatorCount
+
+    return OperatorCount

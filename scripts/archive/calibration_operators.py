@@ -10,33 +10,25 @@ before the analytic calibration was one tabled path, 101 after.
 """
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-import dpsbi
-from dpsbi.mechanisms import DiscreteGaussian
-from dpsbi.mechanisms.epsilon import at_epsilons, epsilon_range_problem
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_step import OperatorCount  # noqa: E402
 
-
-class Count(TorchDispatchMode):
-    """The torch operators run inside it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
+import dpsbi  # noqa: E402
+from dpsbi.mechanisms import DiscreteGaussian  # noqa: E402
+from dpsbi.mechanisms.epsilon import at_epsilons, epsilon_range_problem  # noqa: E402
 
 
 def measure(name: str, mechanism, repeats: int = 20) -> dict:
     """Operators on the meta device and CPU ms of one calibration of 1000 rows."""
     epsilon = torch.linspace(0.5, 8.5, 1000, dtype=torch.float64)[:, None]
     at_epsilons(mechanism, epsilon)  # the tables, built once
-    with Count() as count:
+    with OperatorCount() as count:
         at_epsilons(mechanism, epsilon.to("meta"))
     began = time.process_time()
     for _ in range(repeats):
