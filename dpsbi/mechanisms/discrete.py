@@ -29,7 +29,7 @@ from scipy.special import logsumexp
 from torch import Tensor
 
 from .base import AdditiveNoise, Mechanism, check_exact_integers, check_integer, check_positive, check_scale
-from .epsilon import batched_copy, epsilons
+from .epsilon import batched_copy, epsilons, readable
 from .gaussian import analytic_sigma
 from .tables import tabled
 
@@ -616,9 +616,9 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
 
     def _batched(self, epsilon: Tensor, sigma: Tensor) -> DiscreteGaussian:
         """The copy drawing row ``i`` with ``sigma[i]`` (float64); sigmas above :data:`MAX_SIGMA` are refused
-        where they can be read without waiting for the device (as :func:`~dpsbi.mechanisms.epsilon.epsilons`)."""
+        where they can be read without waiting for the device (:func:`~dpsbi.mechanisms.epsilon.readable`)."""
         sigma = sigma.double()
-        if sigma.device.type == "cpu" and not torch.compiler.is_compiling():
+        if readable(sigma):
             widest = float(sigma.max())
             _check_sigma(widest, f"epsilon={float(epsilon.min()):g}, delta={self.delta:g}")
         return batched_copy(self, epsilon, sigma=sigma, rho=self.sensitivity**2 / (2 * sigma**2))

@@ -21,10 +21,17 @@ from torch import Tensor
 from .base import Mechanism
 
 
+def readable(values: Tensor) -> bool:
+    """Whether ``values`` can be read on the host without waiting for a device or breaking a compiled graph: a tensor
+    on the CPU outside ``torch.compile``. Per-row calibrations check their values only then; a training step
+    re-calibrates on the device, at epsilons the estimator's range check has vouched for."""
+    return values.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def epsilons(epsilon) -> Tensor:
     """``epsilon`` as a floating tensor of finite positive values; a ``TypeError`` for what is not numbers (a
     string, a bool), a ``ValueError`` for values that are not finite and > 0. The values are read on the host
-    only for a tensor on the CPU outside ``torch.compile``: a training step re-calibrates the mechanism at its
+    only where :func:`readable`: a training step re-calibrates the mechanism at its
     rows' epsilons on the device without waiting for it (those were drawn inside the estimator's range; a
     posterior checks the epsilons it is given against its own range first)."""
     try:
@@ -39,7 +46,7 @@ def epsilons(epsilon) -> Tensor:
     eps = eps if eps.is_floating_point() else eps.to(torch.get_default_dtype())
     if eps.numel() == 0:
         raise ValueError("epsilon must hold finite numbers > 0, got none")
-    if eps.device.type != "cpu" or torch.compiler.is_compiling():
+    if not readable(eps):
         return eps
     if not bool((torch.isfinite(eps) & (eps > 0)).all()):
         raise ValueError(f"epsilon must hold finite numbers > 0, got {eps.flatten()[:5].tolist()}")

@@ -20,7 +20,7 @@ from .base import (
     per_coordinate,
     show,
 )
-from .epsilon import batched_copy, epsilons
+from .epsilon import batched_copy, epsilons, readable
 from .tables import tabled
 
 
@@ -74,12 +74,13 @@ def analytic_mu(epsilon: Tensor, delta: float) -> Tensor:
     ``log epsilon`` (:data:`_LOG_EPS`, built once per ``delta`` by bisection: :func:`~dpsbi.mechanisms.tables.
     tabled`), then polished by three Newton steps on ``delta(mu) = delta``, whose derivative is
     ``phi(-epsilon / mu + mu / 2)``: agrees with ``brentq`` wherever it has a root, and solves ``delta(mu) = delta``
-    to rounding up to :data:`EPSILON_MAX` (beyond ``brentq``'s range). The same few kernels on every device, eager or compiled: a training step neither waits for
-    the host nor breaks its graph. On the CPU outside ``torch.compile``, epsilons above :data:`EPSILON_MAX` are
-    refused in one line (elsewhere the fit's range is checked against it first: :attr:`Gaussian.epsilon_limits`)."""
+    to rounding up to :data:`EPSILON_MAX` (beyond ``brentq``'s range). The same few kernels on every device, eager
+    or compiled: a training step neither waits for the host nor breaks its graph. Epsilons above :data:`EPSILON_MAX`
+    are refused in one line where :func:`~dpsbi.mechanisms.epsilon.readable` (elsewhere the fit's range is checked
+    against it first: :attr:`Gaussian.epsilon_limits`)."""
     eps = epsilon.double()
     x = torch.log(eps)
-    if eps.device.type == "cpu" and not torch.compiler.is_compiling() and bool((x > _LOG_EPS[1]).any()):
+    if readable(eps) and bool((x > _LOG_EPS[1]).any()):
         raise ValueError(
             f"the analytic Gaussian calibration covers epsilon up to {EPSILON_MAX:.3g}, got "
             f"{float(eps.max()):.3g}; choose smaller epsilons"
@@ -232,11 +233,7 @@ class Gaussian(AdditiveNoise, Mechanism):
             )
         epsilon = epsilons(epsilon)
         if calibration == "classic":
-            if (
-                epsilon.device.type == "cpu"
-                and not torch.compiler.is_compiling()
-                and bool((epsilon >= 1).any())
-            ):
+            if readable(epsilon) and bool((epsilon >= 1).any()):
                 raise ValueError(
                     f"classic Gaussian calibration needs epsilon < 1 (got up to {float(epsilon.max()):g}); "
                     "use calibration='analytic'"
