@@ -13,7 +13,7 @@ import torch
 
 import dpsbi
 from dpsbi.inference import FlowSettings
-from dpsbi.inference.training import TrainingSettings, _Round, batches, compiles
+from dpsbi.inference.training import StepKind, TrainingSettings, _Round, batches, compiles
 
 TINY = dict(
     sims_per_round=60,
@@ -235,15 +235,19 @@ def test_compile_is_a_bool_or_auto():
     assert compiles(TrainingSettings(accelerator="cpu", compile=True), torch.device("cpu"), 10)
 
 
-def test_auto_compiles_a_cpu_round_of_enough_flow_evaluations(monkeypatch):
-    cpu, limit = torch.device("cpu"), dpsbi.inference.training.CPU_COMPILE_MIN_EVALUATIONS
+def test_auto_compiles_a_kind_of_step_the_fit_takes_enough_of_on_the_cpu(monkeypatch):
+    cpu = torch.device("cpu")
     monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: True)
-    assert compiles(TrainingSettings(), cpu, 570, 4000)  # SPLE's widened amortized round on naive Bayes
-    assert not compiles(TrainingSettings(), cpu, 1000, 1000)  # an amortized SPPE round on naive Bayes
-    assert not compiles(TrainingSettings(), cpu, None, limit) and not compiles(TrainingSettings(), cpu, 10**9)
-    assert not compiles(TrainingSettings(compile=False), cpu, 1, limit)
+    auto = TrainingSettings()
+    assert compiles(auto, cpu, 570, StepKind(4000, 4655))  # SPLE's amortized fit on naive Bayes
+    assert compiles(auto, cpu, 1000, StepKind(1000, 9348))  # regression's atomic SPPE rounds at y_obs
+    assert compiles(auto, cpu, 2000, StepKind(100, 20352))  # SIR's truncated SPPE rounds at y_obs
+    assert not compiles(auto, cpu, 1000, StepKind(100, 1007))  # regression's first round (a kind of its own)
+    assert not compiles(auto, cpu, 500, StepKind(800, 3611))  # sequential SPLE
+    assert not compiles(auto, cpu, 10**9, StepKind(10**9, None)) and not compiles(auto, cpu, 10**9, None)
+    assert not compiles(TrainingSettings(compile=False), cpu, 1, StepKind(4000, 10**6))
     monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: False)  # no C++ compiler found
-    assert not compiles(TrainingSettings(), cpu, 1, limit)
+    assert not compiles(auto, cpu, 1, StepKind(4000, 10**6))
 
 
 def _compiler_standin(loss_factor: float = 1.0, fails: bool = False):
@@ -325,7 +329,9 @@ def test_auto_trains_eagerly_where_the_compiler_fails_to_build(monkeypatch):
     monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: True)
     loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
     data, rows = (torch.randn(8, 2),), torch.arange(8)
-    state = _Round(torch.nn.Linear(2, 1), loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6)
+    state = _Round(
+        torch.nn.Linear(2, 1), loss, TrainingSettings(accelerator="cpu"), 0, 10, kind=StepKind(10**6, 10**6)
+    )
     with pytest.warns(
         RuntimeWarning, match=r"compiler failed \(RuntimeError\) .*; this round and the fit's later ones"
     ):
@@ -354,7 +360,7 @@ def test_a_compiled_loss_whose_gradient_is_wrong_is_refused_or_trained_eagerly(m
         state.step(data, rows)
     flow = torch.nn.Linear(2, 1)
     eager_value = loss.compute(flow, data, ())
-    state = _Round(flow, loss, TrainingSettings(accelerator="cpu"), 0, 10, evaluations=10**6)
+    state = _Round(flow, loss, TrainingSettings(accelerator="cpu"), 0, 10, kind=StepKind(10**6, 10**6))
     assert state.compiled
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -399,8 +405,9 @@ def test_a_batch_off_once_is_trained_eagerly_and_the_round_stays_compiled(monkey
             state.train_epoch(data)
         assert state.compiled is setting and not state.doubted
         weights.append(list(flow.parameters()))
-    # epoch 1: the first check (off; its step eager), the second batch's check and step; epoch 2: a check, two steps
-    assert len(calls) == 1 + 2 + 3
+    # epoch 1: the first check (off; its step eager), the second batch's check (its step: the checked gradient is
+    # the step's own, not computed again); epoch 2: a check (its first step) and one more step
+    assert len(calls) == 1 + 1 + 2
     assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
 
 
@@ -447,16 +454,23 @@ def test_a_fit_whose_compiler_failed_does_not_try_again(monkeypatch):
     assert estimator.round_training().compile is False and estimator.training.compile == "auto"
 
 
-def test_a_fit_tells_compile_auto_its_steps_flow_evaluations(monkeypatch):
+def test_a_fit_tells_compile_auto_its_kinds_of_step_over_the_whole_fit(monkeypatch):
     seen = []
 
-    def recording(settings, device, steps, evaluations=None, flow=None):
-        seen.append((steps, evaluations))
+    def recording(settings, device, steps, kind=None):
+        seen.append((steps, kind))
         return False
 
     monkeypatch.setattr(dpsbi.inference.training, "compiles", recording)
-    estimator = _fitted("SPLE", "naive_bayes")
-    assert seen and all(e == estimator.step_work(0) == 4 * estimator.training.batch_size for _, e in seen)
+    estimator = _fitted("SPPE", "conjugate_gaussian", rounds=3)  # a first round, then atomic rounds
+    steps = [entry["steps"] for entry in estimator.history]
+    first, atomic = estimator.step_work(0), estimator.step_work(1)
+    assert atomic == 10 * first and all(planned >= ran for (planned, _), ran in zip(seen, steps, strict=True))
+    assert seen[0][1] == StepKind(first, seen[0][0])  # its own kind: this round alone
+    # the atomic rounds' kind spans both: round 2 counts round 3's plan, round 3 round 2's steps as they ran
+    assert seen[1][1] == StepKind(atomic, seen[1][0] + seen[2][0]) and seen[2][1] == StepKind(
+        atomic, steps[1] + seen[2][0]
+    )
 
 
 def test_the_one_hot_spline_is_zukos_spline_value_for_value():

@@ -43,6 +43,7 @@ from .settings import Settings
 from .training import (
     DEVICE_FIELDS,
     Loss,
+    StepKind,
     TrainingSettings,
     fit_flow,
     planned_steps,
@@ -522,9 +523,20 @@ class SequentialEstimator(abc.ABC):
         """What a training step of the round at ``round_index`` (0-based) evaluates, in flow evaluations (batch
         rows x releases per row; SPPE's atomic rounds x atoms). The fit's time estimate
         (:mod:`~dpsbi.inference.progress`) prices rounds of equal work at one measured step time and times a
-        probe of each other kind; ``compile="auto"`` compiles a CPU round whose steps times this reach
-        :data:`~dpsbi.inference.training.CPU_COMPILE_MIN_EVALUATIONS`."""
+        probe of each other kind; ``compile="auto"`` decides on the CPU per kind (:meth:`step_kind`)."""
         return self.training.batch_size * self.inner_samples
+
+    def step_kind(self, round_index: int, train_rows: int) -> StepKind:
+        """The kind of step of the round at ``round_index`` (0-based, training on ``train_rows`` rows): its
+        :meth:`step_work`, and the steps the fit takes of that work in all: its finished rounds' as they ran, this
+        round's and the later ones' as planned (``None`` where one is open-ended). ``compile="auto"`` decides on it
+        on the CPU (:func:`~dpsbi.inference.training.compiles`), so every round of a kind decides alike."""
+        work = self.step_work(round_index)
+        ran = [entry["steps"] for i, entry in enumerate(self.history) if self.step_work(i) == work]
+        plan = [(round_index, planned_steps(self.training, train_rows)[1])]
+        plan += self.planned_rounds(round_index, train_rows)
+        planned = [steps for j, steps in plan if self.step_work(j) == work]
+        return StepKind(work, None if None in planned else sum(ran) + sum(planned))
 
     def proposal_draws(self, round_index: int, posterior: Posterior, n: int, seed: int) -> Tensor:
         """The ``n`` parameters ``(n, dim_theta)`` of the round at ``round_index`` (0-based, so at least 1: not
@@ -660,7 +672,7 @@ class SequentialEstimator(abc.ABC):
                 derive_seed(self.seed, index, "fit"),
                 f"{self.method} round {index + 1}",
                 progress.epoch,
-                self.step_work(index),
+                self.step_kind(index, train[0].shape[0]),
             )
             posterior = self.posterior(index)
             stability = None if self.stop_when_stable is None else self.stability_summary(posterior)

@@ -43,13 +43,13 @@ MIXED = ("bf16-mixed",)
 #: compiling; docs/RESULTS.md, "On a GPU"). On CUDA the compiled loss replays as a CUDA graph
 #: (``mode="reduce-overhead"``): the eager step is bound by kernel launches, not by arithmetic.
 COMPILE_MIN_STEPS = 2000
-#: ``compile``: ``"auto"`` compiles a round on the CPU of at least this many flow evaluations (its steps times a
-#: step's evaluations). Compiled, a step there costs 1.8-2.5x less at the defaults' sizes (0.035-0.09 ms less per
-#: evaluation), and compiling a loss first takes 64-168 s (docs/RESULTS.md, "Compiled on the CPU"): from here one
-#: round saves about what a cold compile costs, and later rounds compile from torch's cache in seconds. Of the
-#: defaults, every amortized SPLE fit (4000 evaluations a step, 500-950 steps a round) and SIR's amortized SPPE fit
-#: (1000 a step, 13 300 steps) reach it.
-CPU_COMPILE_MIN_EVALUATIONS = 2_000_000
+#: ``compile``: ``"auto"`` compiles a kind of step on the CPU (:class:`StepKind`) where the fit's steps of that kind
+#: are expected to save at least this many seconds, each at least :func:`cpu_compiled_step_saving`: about twice what
+#: compiling the step into an empty cache takes on one core (111-118 s for the sequential defaults' steps; from
+#: torch's cache 18 s; docs/RESULTS.md, "Compiled on the CPU, a fit at a time"). Of the defaults, SPPE's sequential
+#: fits on regression (its atomic rounds), naive Bayes and SIR, every amortized SPPE fit and every amortized SPLE
+#: fit reach it; sequential SPLE (3600 steps of 800 evaluations) and regression's first round do not.
+CPU_COMPILE_MIN_SAVING_S = 250.0
 #: The warning torch 2.13's compiler gives while compiling a loss (forward and backward), about a function of its own
 #: it deprecated: nothing a user can act on, so a compiled fit silences it (and no other).
 COMPILER_NOISE = r"`torch\._prims_common\.check` is deprecated"
@@ -100,8 +100,8 @@ class TrainingSettings(Settings):
     ``precision`` (``"32-true"``, ``"64-true"``, ``"bf16-mixed"``), ``threads`` (torch's CPU threads during a
     fit on the CPU, restored after; ``None`` keeps the process's; 1 is fastest for these small batches and
     robust on a busy machine), ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
-    ``"auto"``: on CUDA for a round of at least :data:`COMPILE_MIN_STEPS` steps, on the CPU for a round of at least
-    :data:`CPU_COMPILE_MIN_EVALUATIONS` flow evaluations where torch finds a C++ compiler; each compiled round checks
+    ``"auto"``: on CUDA for a round of at least :data:`COMPILE_MIN_STEPS` steps, on the CPU for a kind of step whose
+    steps over the fit save at least :data:`CPU_COMPILE_MIN_SAVING_S` where torch finds a C++ compiler; each compiled round checks
     its loss's gradient against eager on each epoch's first batch, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
     whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
     rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
@@ -224,21 +224,41 @@ def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
         yield order[i * batch_size : (i + 1) * batch_size if i < count - 1 else None]
 
 
+@dataclass(frozen=True)
+class StepKind:
+    """A kind of training step (one shape: a step of ``evaluations`` flow evaluations) and ``fit_steps``, how many
+    of them the whole fit takes (all its rounds of that kind; ``None``: open-ended)."""
+
+    evaluations: float
+    fit_steps: int | None
+
+
+def cpu_compiled_step_saving(evaluations: float) -> float:
+    """The seconds a compiled training step of ``evaluations`` flow evaluations saves against an eager one on one
+    CPU core, at least: 15 ms plus 0.02 ms an evaluation (measured 17-27 ms at 100, 30-32 ms at 1000 in batches of
+    100, 92 ms at 1000 in batches of 1000, 185 ms at 4000; docs/RESULTS.md, "Compiled on the CPU, a fit at a
+    time")."""
+    return 0.015 + 2e-5 * evaluations
+
+
 def compiles(
     settings: TrainingSettings,
     device: torch.device,
     steps: int | None,
-    evaluations: float | None = None,
+    kind: StepKind | None = None,
 ) -> bool:
-    """Whether a round of ``steps`` steps (``None``: open-ended) of ``evaluations`` flow evaluations each
-    (``None``: unknown) compiles its loss (``compile``); ``"auto"`` gives way to ``cuda_graph=True``."""
+    """Whether a round of ``steps`` steps (``None``: open-ended) of the kind ``kind`` (``None``: unknown) compiles
+    its loss (``compile``); ``"auto"`` decides per round on CUDA (:data:`COMPILE_MIN_STEPS`), per kind of step on
+    the CPU (:data:`CPU_COMPILE_MIN_SAVING_S`), and gives way to ``cuda_graph=True``."""
     if settings.compile is False:
         return False
     if settings.compile is True:
         return True
     if device.type == "cpu":
-        work = (steps or 0) * (evaluations or 0)
-        return work >= CPU_COMPILE_MIN_EVALUATIONS and cpu_compiler()
+        if kind is None or kind.fit_steps is None:
+            return False
+        saving = kind.fit_steps * cpu_compiled_step_saving(kind.evaluations)
+        return saving >= CPU_COMPILE_MIN_SAVING_S and cpu_compiler()
     wanted = settings.cuda_graph is not True
     return wanted and device.type == "cuda" and (steps is None or steps >= COMPILE_MIN_STEPS)
 
@@ -302,14 +322,14 @@ class _Round:
         seed: int,
         steps: int | None,
         compile_mode: str | None = None,
-        evaluations: float | None = None,
+        kind: StepKind | None = None,
     ):
         self.flow, self.loss, self.settings, self.steps, self.count = flow, loss, settings, steps, 0
         device = next(flow.parameters()).device
         self.shuffle = torch.Generator(device=device).manual_seed(derive_seed(seed, "shuffle"))
         self.noise = torch.Generator(device=device).manual_seed(derive_seed(seed, "noise"))
         self.val_seed = derive_seed(seed, "validation")
-        compiled = compiles(settings, device, steps, evaluations)
+        compiled = compiles(settings, device, steps, kind)
         self.graphed = graphs(settings, flow, compiled)
         # a graph reads the learning rate from the device (a tensor written before each replay); Adam's state,
         # step count included, stays on the device
@@ -357,10 +377,10 @@ class _Round:
     def _update(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """The step's arithmetic: the batch cut from ``data``, the loss, backward, clipping and Adam."""
         batch = tuple(t.index_select(0, rows) for t in data)
-        compute = self.compute
-        if self.compiled and rows.shape[0] not in self.checked and not self._check_compiled(batch, draws):
-            compute = self.loss.compute  # a batch off, not yet confirmed: this step eager
-        value = self._backward(compute, batch, draws)
+        checked = self.compiled and rows.shape[0] not in self.checked
+        value = self._check_compiled(batch, draws) if checked else None
+        if value is None:  # not checked, or a batch off and not yet confirmed: this step eager
+            value = self._backward(self.loss.compute if checked else self.compute, batch, draws)
         nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
         self.optimizer.step()
         return value.detach()
@@ -378,10 +398,11 @@ class _Round:
         value.backward()
         return value
 
-    def _check_compiled(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> bool:
+    def _check_compiled(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor | None:
         """The compiled loss's gradient against the eager one's on each epoch's first batch of each size (each size
         is compiled anew at its first check, with torch's own deprecation warning silenced; one read on the host a
-        check); whether the step may run compiled. Beyond :data:`COMPILED_GRADIENT_TOLERANCE` on two checked batches
+        check). Where the step may run compiled, returns the compiled loss, its gradient left in the flow (the step's
+        own: computing it again would give the same); ``None`` where the step is to run eagerly. Beyond :data:`COMPILED_GRADIENT_TOLERANCE` on two checked batches
         in a row, ``compile=True`` raises :class:`CompiledGradientError` and ``"auto"`` warns in one line and trains
         the round (and the fit's later rounds) eagerly, as it does where the compiler fails to build the step. After
         one such batch, the step runs eagerly and the next batch of that size is checked too: a value within a few
@@ -389,29 +410,29 @@ class _Round:
         bug (:data:`COMPILED_GRADIENT_TOLERANCE`; 2 of 150 noise draws of one batch at the conjugate Gaussian's
         amortized SPLE's last round), where a wrong compiler (11-78 % on every batch) fails the next batch too."""
         self.checked.add(batch[0].shape[0])
-        eager = self._gradient(self.loss.compute, batch, draws)
+        eager = self._gradient(self.loss.compute, batch, draws)[1]
         try:
             with _compiler_quiet():
-                compiled = self._gradient(self.compute, batch, draws)
+                value, compiled = self._gradient(self.compute, batch, draws)
         except Exception as error:  # e.g. no Python headers for the C++ build: "auto" promised a working fit
             if self.settings.compile is True:
                 raise
             self._eagerly(f"torch's compiler failed ({type(error).__name__})")
-            return False
+            return None
         mixed = str(self.settings.precision) in MIXED
         tolerance = COMPILED_GRADIENT_TOLERANCE_MIXED if mixed else COMPILED_GRADIENT_TOLERANCE
         reference, difference = torch.stack([eager.norm(), (compiled - eager).norm()]).tolist()
         if not math.isfinite(reference):
-            return True  # a non-finite eager gradient is the loss's error to report, not the compiler's
+            return value  # a non-finite eager gradient is the loss's error to report, not the compiler's
         error = difference / max(reference, torch.finfo(eager.dtype).tiny)
         self.gradient_errors.append(error)
         if error <= tolerance:
             self.doubted = False
-            return True
+            return value
         if not self.doubted:  # confirmed (or not) on the next batch of this size
             self.doubted = True
             self.checked.discard(batch[0].shape[0])
-            return False
+            return None
         where = f"{error:.2%} off the eager one's on two checked batches in a row (the second at step {self.count})"
         if self.settings.compile is True:
             raise CompiledGradientError(
@@ -419,12 +440,15 @@ class _Round:
                 "compiler; docs/RESULTS.md, 'Compiled on the CPU'); use compile=False or 'auto'"
             )
         self._eagerly(f"the compiled loss's gradient is {where}")
-        return False
+        return None
 
-    def _gradient(self, compute: Callable, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor:
-        """The flow's gradient ``(parameters,)`` of the loss of ``batch`` by ``compute``, flattened."""
-        self._backward(compute, batch, draws)
-        return torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
+    def _gradient(
+        self, compute: Callable, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor]:
+        """The loss of ``batch`` by ``compute`` and the flow's gradient ``(parameters,)`` of it, flattened (left in
+        the flow too)."""
+        value = self._backward(compute, batch, draws)
+        return value, torch.cat([p.grad.flatten() for p in self.flow.parameters() if p.grad is not None])
 
     def _eagerly(self, why: str) -> None:
         """Under ``compile="auto"``: the rest of the round eager, after one line saying ``why`` (the fit's later
@@ -541,13 +565,13 @@ def fit_flow(
     seed: int,
     label: str = "training",
     on_epoch: EpochCallback | None = None,
-    evaluations: float | None = None,
+    kind: StepKind | None = None,
 ) -> dict:
     """Train ``flow`` in place on the rows of ``train`` (a tuple of tensors of equal length) until the loss on
     ``val`` has not improved for ``patience`` epochs (or ``max_epochs`` / ``max_steps``), then restore its best
     weights; the flow stays on the training device (:func:`training_device`). ``on_epoch(epoch, train_loss,
-    val_loss)`` reports each epoch; ``evaluations``, the flow evaluations of a step, decides ``compile="auto"`` on
-    the CPU (:func:`compiles`). A non-finite loss raises :class:`NonFiniteLossError` naming ``label``, the
+    val_loss)`` reports each epoch; ``kind``, the step's and how many of them the fit takes, decides ``compile="auto"``
+    on the CPU (:func:`compiles`). A non-finite loss raises :class:`NonFiniteLossError` naming ``label``, the
     epoch and the step. Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the
     last epoch's mean), with ``"compile_gradient_error"`` where the loss was compiled (the largest relative error of
     the compiled gradient against eager over the round's checks) and ``"compile_fell_back": True`` where
@@ -557,7 +581,7 @@ def fit_flow(
     train, val = _on_device(flow, (train, val), settings, device)
     per_epoch, steps = planned_steps(settings, train[0].shape[0])
     epochs = None if steps is None else steps // per_epoch
-    state = _Round(flow, loss, settings, seed, steps, evaluations=evaluations)
+    state = _Round(flow, loss, settings, seed, steps, kind=kind)
     best_loss, best_state, waited, epoch, train_loss = math.inf, None, 0, 0, math.nan
     with training_threads(settings, device), _deterministic(device):
         while epochs is None or epoch < epochs:
