@@ -47,8 +47,8 @@ COMPILE_MIN_STEPS = 2000
 #: are expected to save at least this many seconds, each at least :func:`cpu_compiled_step_saving`: about twice what
 #: compiling the step into an empty cache takes on one core (111-118 s for the sequential defaults' steps; from
 #: torch's cache 18 s; docs/RESULTS.md, "Compiled on the CPU, a fit at a time"). Of the defaults, SPPE's sequential
-#: fits on regression (its atomic rounds), naive Bayes and SIR, every amortized SPPE fit and every amortized SPLE
-#: fit reach it; sequential SPLE (3600 steps of 800 evaluations) and regression's first round do not.
+#: fits on regression (its atomic rounds) and SIR and every amortized fit reach it; sequential SPLE (3600 steps of
+#: 800 evaluations), naive Bayes' truncated SPPE (10 300 steps of 100) and regression's first round do not.
 CPU_COMPILE_MIN_SAVING_S = 250.0
 #: The warning torch 2.13's compiler gives while compiling a loss (forward and backward), about a function of its own
 #: it deprecated: nothing a user can act on, so a compiled fit silences it (and no other).
@@ -235,10 +235,10 @@ class StepKind:
 
 def cpu_compiled_step_saving(evaluations: float) -> float:
     """The seconds a compiled training step of ``evaluations`` flow evaluations saves against an eager one on one
-    CPU core, at least: 15 ms plus 0.02 ms an evaluation (measured 17-27 ms at 100, 30-32 ms at 1000 in batches of
-    100, 92 ms at 1000 in batches of 1000, 185 ms at 4000; docs/RESULTS.md, "Compiled on the CPU, a fit at a
-    time")."""
-    return 0.015 + 2e-5 * evaluations
+    CPU core, at least: 15 ms plus 0.015 ms an evaluation (measured 17-30 ms at 100 evaluations in batches of 100,
+    30-33 ms at 1000 in batches of 100, 40-54 ms at 800, 39-45 ms at 1000 in batches of 1000; docs/RESULTS.md,
+    "Compiled on the CPU, a fit at a time")."""
+    return 0.015 + 1.5e-5 * evaluations
 
 
 def compiles(
