@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,9 +97,12 @@ def main(out: str) -> None:
             print(row, flush=True)
             with open(out, "a") as f:
                 f.write(row + "\n")
+        shutil.rmtree(directory)
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python scripts/cpu_compile_kinds.py OUT.jsonl")
     if sys.argv[1] == "--case":
         print(json.dumps(measure(sys.argv[2], sys.argv[3])))
     else:

@@ -528,15 +528,20 @@ class SequentialEstimator(abc.ABC):
 
     def step_kind(self, round_index: int, train_rows: int) -> StepKind:
         """The kind of step of the round at ``round_index`` (0-based, training on ``train_rows`` rows): its
-        :meth:`step_work`, and the steps the fit takes of that work in all: its finished rounds' as they ran, this
-        round's and the later ones' as planned (``None`` where one is open-ended). ``compile="auto"`` decides on it
-        on the CPU (:func:`~dpsbi.inference.training.compiles`), so every round of a kind decides alike."""
+        :meth:`step_work`, and the steps the fit plans of that work over all its rounds (the finished ones at what
+        their stored training rows planned, early stopping aside, so that every round of a kind sees one total;
+        the later ones as :meth:`planned_rounds` plans them, a stop rule or a budget of seconds aside; ``None``
+        where one is open-ended). ``compile="auto"`` decides on it on the CPU
+        (:func:`~dpsbi.inference.training.compiles`)."""
         work = self.step_work(round_index)
-        ran = [entry["steps"] for i, entry in enumerate(self.history) if self.step_work(i) == work]
-        plan = [(round_index, planned_steps(self.training, train_rows)[1])]
+        numbers = self.data["round"][~self.data["validation"]] if self.data else None
+        plan = [
+            (i, planned_steps(self.training, int((numbers <= i + 1).sum()))[1]) for i in range(round_index)
+        ]
+        plan.append((round_index, planned_steps(self.training, train_rows)[1]))
         plan += self.planned_rounds(round_index, train_rows)
-        planned = [steps for j, steps in plan if self.step_work(j) == work]
-        return StepKind(work, None if None in planned else sum(ran) + sum(planned))
+        steps = [steps for j, steps in plan if self.step_work(j) == work]
+        return StepKind(work, None if None in steps else sum(steps))
 
     def proposal_draws(self, round_index: int, posterior: Posterior, n: int, seed: int) -> Tensor:
         """The ``n`` parameters ``(n, dim_theta)`` of the round at ``round_index`` (0-based, so at least 1: not

@@ -45,8 +45,8 @@ MIXED = ("bf16-mixed",)
 COMPILE_MIN_STEPS = 2000
 #: ``compile``: ``"auto"`` compiles a kind of step on the CPU (:class:`StepKind`) where the fit's steps of that kind
 #: are expected to save at least this many seconds, each at least :func:`cpu_compiled_step_saving`: about twice what
-#: compiling the step into an empty cache takes on one core (111-118 s for the sequential defaults' steps; from
-#: torch's cache 18 s; docs/RESULTS.md, "Compiled on the CPU, a fit at a time"). Of the defaults, SPPE's sequential
+#: compiling the step into an empty cache takes on one core (111-137 s for the defaults' steps; from torch's
+#: cache 18-25 s; docs/RESULTS.md, "Compiled on the CPU, a fit at a time"). Of the defaults, SPPE's sequential
 #: fits on regression (its atomic rounds) and SIR and every amortized fit reach it; sequential SPLE (3600 steps of
 #: 800 evaluations), naive Bayes' truncated SPPE (10 300 steps of 100) and regression's first round do not.
 CPU_COMPILE_MIN_SAVING_S = 250.0
@@ -61,7 +61,7 @@ COMPILER_NOISE = r"`torch\._prims_common\.check` is deprecated"
 #: jumps at its knots, and a value within a few ulps of a knot lands in one bin eagerly and in the next compiled
 #: (the two round differently), so that one row's gradient is the other one-sided derivative (0.8 % of a batch
 #: gradient's norm on the conjugate Gaussian's amortized SPLE, 11 % on a batch of 190 of regression's SPPE): a
-#: batch beyond it is confirmed on the next batch (:meth:`_Round._check_compiled`).
+#: batch beyond it is confirmed on the next batch (:meth:`_Round._checked_step`).
 COMPILED_GRADIENT_TOLERANCE = 1e-3
 COMPILED_GRADIENT_TOLERANCE_MIXED = 3e-2
 
@@ -235,10 +235,10 @@ class StepKind:
 
 def cpu_compiled_step_saving(evaluations: float) -> float:
     """The seconds a compiled training step of ``evaluations`` flow evaluations saves against an eager one on one
-    CPU core, at least: 15 ms plus 0.015 ms an evaluation (measured 17-30 ms at 100 evaluations in batches of 100,
-    30-33 ms at 1000 in batches of 100, 40-54 ms at 800, 39-45 ms at 1000 in batches of 1000; docs/RESULTS.md,
+    CPU core, at least: 14 ms plus 0.015 ms an evaluation (measured 17-30 ms at 100 evaluations in batches of 100,
+    30-32 ms at 1000 in batches of 100, 40-54 ms at 800, 39-45 ms at 1000 in batches of 1000; docs/RESULTS.md,
     "Compiled on the CPU, a fit at a time")."""
-    return 0.015 + 1.5e-5 * evaluations
+    return 0.014 + 1.5e-5 * evaluations
 
 
 def compiles(
@@ -377,10 +377,10 @@ class _Round:
     def _update(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """The step's arithmetic: the batch cut from ``data``, the loss, backward, clipping and Adam."""
         batch = tuple(t.index_select(0, rows) for t in data)
-        checked = self.compiled and rows.shape[0] not in self.checked
-        value = self._check_compiled(batch, draws) if checked else None
+        checking = self.compiled and rows.shape[0] not in self.checked
+        value = self._checked_step(batch, draws) if checking else None
         if value is None:  # not checked, or a batch off and not yet confirmed: this step eager
-            value = self._backward(self.loss.compute if checked else self.compute, batch, draws)
+            value = self._backward(self.loss.compute if checking else self.compute, batch, draws)
         nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
         self.optimizer.step()
         return value.detach()
@@ -398,7 +398,7 @@ class _Round:
         value.backward()
         return value
 
-    def _check_compiled(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor | None:
+    def _checked_step(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor | None:
         """The compiled loss's gradient against the eager one's on each epoch's first batch of each size (each size
         is compiled anew at its first check, with torch's own deprecation warning silenced; one read on the host a
         check). Where the step may run compiled, returns the compiled loss, its gradient left in the flow (the step's
