@@ -101,8 +101,9 @@ class TrainingSettings(Settings):
     fit on the CPU, restored after; ``None`` keeps the process's; 1 is fastest for these small batches and
     robust on a busy machine), ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
     ``"auto"``: on CUDA for a round of at least :data:`COMPILE_MIN_STEPS` steps, on the CPU for a kind of step whose
-    steps over the fit save at least :data:`CPU_COMPILE_MIN_SAVING_S` where torch finds a C++ compiler; each compiled round checks
-    its loss's gradient against eager on each epoch's first batch, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
+    steps over the fit save at least :data:`CPU_COMPILE_MIN_SAVING_S` where torch finds a C++ compiler; each
+    compiled round checks its loss's gradient against eager on each epoch's first batch,
+    :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
     whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
     rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
     ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
@@ -402,10 +403,10 @@ class _Round:
         """The compiled loss's gradient against the eager one's on each epoch's first batch of each size (each size
         is compiled anew at its first check, with torch's own deprecation warning silenced; one read on the host a
         check). Where the step may run compiled, returns the compiled loss, its gradient left in the flow (the step's
-        own: computing it again would give the same); ``None`` where the step is to run eagerly. Beyond :data:`COMPILED_GRADIENT_TOLERANCE` on two checked batches
-        in a row, ``compile=True`` raises :class:`CompiledGradientError` and ``"auto"`` warns in one line and trains
-        the round (and the fit's later rounds) eagerly, as it does where the compiler fails to build the step. After
-        one such batch, the step runs eagerly and the next batch of that size is checked too: a value within a few
+        own: computing it again would give the same); ``None`` where the step is to run eagerly. Beyond
+        :data:`COMPILED_GRADIENT_TOLERANCE` on two checked batches in a row, ``compile=True`` raises
+        :class:`CompiledGradientError` and ``"auto"`` warns in one line and trains the round (and the fit's later
+        rounds) eagerly, as it does where the compiler fails to build the step. After one such batch, the step runs eagerly and the next batch of that size is checked too: a value within a few
         ulps of a spline knot can put one row's gradient on the other side of the knot compiled than eager, with no
         bug (:data:`COMPILED_GRADIENT_TOLERANCE`; 2 of 150 noise draws of one batch at the conjugate Gaussian's
         amortized SPLE's last round), where a wrong compiler (11-78 % on every batch) fails the next batch too."""
@@ -570,9 +571,9 @@ def fit_flow(
     """Train ``flow`` in place on the rows of ``train`` (a tuple of tensors of equal length) until the loss on
     ``val`` has not improved for ``patience`` epochs (or ``max_epochs`` / ``max_steps``), then restore its best
     weights; the flow stays on the training device (:func:`training_device`). ``on_epoch(epoch, train_loss,
-    val_loss)`` reports each epoch; ``kind``, the step's and how many of them the fit takes, decides ``compile="auto"``
-    on the CPU (:func:`compiles`). A non-finite loss raises :class:`NonFiniteLossError` naming ``label``, the
-    epoch and the step. Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the
+    val_loss)`` reports each epoch; ``kind``, the step's kind and how many of them the fit takes, decides
+    ``compile="auto"`` on the CPU (:func:`compiles`). A non-finite loss raises :class:`NonFiniteLossError` naming
+    ``label``, the epoch and the step. Returns ``{"epochs", "steps", "train_loss", "best_val_loss"}`` (``train_loss``: the
     last epoch's mean), with ``"compile_gradient_error"`` where the loss was compiled (the largest relative error of
     the compiled gradient against eager over the round's checks) and ``"compile_fell_back": True`` where
     ``compile="auto"`` gave way to eager steps (a compiler that failed or got a gradient wrong: the fit's later
