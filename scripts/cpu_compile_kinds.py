@@ -31,29 +31,30 @@ REPEATS = 30
 TINY = dict(training=dict(max_steps=3), progress=False)
 
 
-def cases() -> dict:
-    """``{name: (estimator factory, round index)}``: the kinds of step the CPU's default fits run."""
-    reg, nb = (lambda: dpsbi.tasks.load("regression")), (lambda: dpsbi.tasks.load("naive_bayes"))
-    sir = lambda: dpsbi.tasks.load("sir", epsilon=1.0)  # noqa: E731
-    amortized = dict(amortized=True, rounds=1, sims_per_round=20_000, **TINY)
-    return {
-        "sppe regression round 1": (lambda: dpsbi.SPPE(reg(), rounds=1, sims_per_round=300, **TINY), 0),
-        "sppe regression atomic": (lambda: dpsbi.SPPE(reg(), rounds=2, sims_per_round=300, **TINY), 1),
-        "sppe naive_bayes truncated": (lambda: dpsbi.SPPE(nb(), rounds=2, sims_per_round=300, **TINY), 1),
-        "sppe sir truncated": (lambda: dpsbi.SPPE(sir(), rounds=2, sims_per_round=300, **TINY), 1),
-        "sple regression": (lambda: dpsbi.SPLE(reg(), rounds=2, sims_per_round=300, **TINY), 1),
-        "sppe regression amortized": (
-            lambda: dpsbi.SPPE(reg(), epsilon_range=(0.1, 10.0), **amortized),
-            0,
-        ),
-    }
+SEQUENTIAL = dict(rounds=2, sims_per_round=300, **TINY)
+#: ``{name: (estimator, task, task options, estimator options, round index)}``: the kinds of step the CPU's default
+#: fits run.
+CASES = {
+    "sppe regression round 1": ("SPPE", "regression", {}, dict(SEQUENTIAL, rounds=1), 0),
+    "sppe regression atomic": ("SPPE", "regression", {}, SEQUENTIAL, 1),
+    "sppe naive_bayes truncated": ("SPPE", "naive_bayes", {}, SEQUENTIAL, 1),
+    "sppe sir truncated": ("SPPE", "sir", dict(epsilon=1.0), SEQUENTIAL, 1),
+    "sple regression": ("SPLE", "regression", {}, SEQUENTIAL, 1),
+    "sppe regression amortized": (
+        "SPPE",
+        "regression",
+        {},
+        dict(amortized=True, epsilon_range=(0.1, 10.0), rounds=1, sims_per_round=20_000, **TINY),
+        0,
+    ),
+}
 
 
 def measure(name: str, cache: str) -> dict:
     """One case in this process: the first compiled step and the interleaved means."""
     torch.set_num_threads(1)
-    build, index = cases()[name]
-    estimator = build()
+    method, task, options, settings, index = CASES[name]
+    estimator = getattr(dpsbi, method)(dpsbi.tasks.load(task, **options), **settings)
     estimator.run()
     data = estimator._dataset(False)
     loss, rows = estimator.loss(index), torch.arange(estimator.training.batch_size)
@@ -83,7 +84,7 @@ def measure(name: str, cache: str) -> dict:
 
 
 def main(out: str) -> None:
-    for name in cases():
+    for name in CASES:
         directory = tempfile.mkdtemp(prefix="inductor-")
         for cache in ("cold", "warm"):
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=directory, OMP_NUM_THREADS="1")
