@@ -18,6 +18,8 @@ from torch import Tensor
 from torch.distributions import Transform
 from tqdm.auto import tqdm
 
+from .seeds import seeded_global_streams
+
 if TYPE_CHECKING:
     from .tasks import Task
 
@@ -213,8 +215,7 @@ def calibration(
         raise ValueError(
             f"calibration needs num_runs >= 10 and num_posterior_samples >= 10, got {num_runs}, {num_posterior_samples}"
         )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_streams(seed):
         theta = task.prior.sample((num_runs,))
         ys = task.simulate_release(theta, torch.Generator(device=theta.device).manual_seed(seed))
         view = _SBIView(posterior, int(torch.randint(0, 2**63 - 1, ())), progress)  # the posterior's own seed

@@ -1,9 +1,16 @@
 """Seeds as dpsbi takes them: integers from 0 to 2**63 - 1 (numpy's ``SeedSequence`` refuses negative ones,
-torch wraps them), checked before any compute."""
+torch wraps them), checked before any compute; and torch's global random streams seeded for a block, one thread
+at a time."""
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+import threading
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
 
 #: The largest seed accepted (the seeds dpsbi derives are 63-bit).
 MAX_SEED = 2**63 - 1
@@ -15,3 +22,35 @@ def check_seed(seed, what: str = "seed") -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_SEED:
         raise ValueError(f"{what} must be an integer from 0 to 2**63 - 1, got {seed!r}; pass e.g. {what}=0")
     return int(seed)
+
+
+#: Held by the thread inside :func:`seeded_global_streams` (reentrant: a seeded block may hold another).
+_GLOBAL_STREAMS = threading.RLock()
+
+
+@contextlib.contextmanager
+def seeded_global_streams(
+    seed: int, devices: Iterable[torch.device] = (), numpy: bool = False
+) -> Iterator[None]:
+    """Torch's global random streams seeded with ``seed`` inside the block and restored after it: the CPU's and
+    those of the CUDA ``devices`` (CPU devices among them add nothing; other streams are left alone); with
+    ``numpy``, numpy's global ``np.random`` stream too. For code that draws only from them
+    (``Distribution.sample``, sbi's diagnostics).
+
+    One thread at a time is inside such a block (another waits for it), so the threads of one process never
+    interleave their seeded draws; code outside dpsbi that draws from the global streams meanwhile still shares
+    them."""
+    cuda = [device for device in map(torch.device, devices) if device.type == "cuda"]
+    with _GLOBAL_STREAMS, torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(seed)
+        for device in cuda:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        numpy_state = np.random.get_state() if numpy else None
+        if numpy:
+            np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            if numpy_state is not None:
+                np.random.set_state(numpy_state)

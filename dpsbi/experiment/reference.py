@@ -28,6 +28,7 @@ from torch.distributions import MultivariateNormal
 from ..baselines.fitted_proposal import fitted_proposal
 from ..baselines.resampling import smoothed_resample
 from ..files import CorruptFileError, atomic_write_text, exclusive, load_sealed, save_sealed
+from ..seeds import seeded_global_streams
 from ..tasks import Task
 from ..tasks.identity import model_key
 from . import stored_references
@@ -62,8 +63,7 @@ class Reference:
 def acceptance_rate(task: Task, num_simulations: int, seed: int = 0) -> float:
     """Rao-Blackwellised acceptance rate of exact rejection ABC at ``task.y_obs``: the mean over
     ``num_simulations`` prior draws of ``eta(y | s) / sup eta``."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_streams(seed):
         theta = task.prior.sample((num_simulations,))
         s = task.simulate(theta, torch.Generator(device=theta.device).manual_seed(seed))
     log_accept = task.mechanism.log_prob(task.y_obs.to(s), s) - task.mechanism.max_log_prob(task.y_obs.to(s))
@@ -168,8 +168,7 @@ def likelihood_importance(task: Task, draws: int, num_samples: int, seed: int = 
         return prior + log_det + task.exact_log_likelihood(theta).double()
 
     generator = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_streams(seed):
         mode, cov = _mode_and_curvature(log_post, space.inv(task.prior.mean).double())
         # pilot: N(mode, 2^2 cov), weighted, then the defensive mixture fitted to it
         noise = torch.randn(max(draws // 10, 200), len(mode), generator=generator, dtype=torch.float64)
@@ -224,8 +223,7 @@ def _likelihood(task: Task, num_samples: int, settings: dict, seed: int) -> Refe
 
 
 def _closed_form(task: Task, num_samples: int, seed: int) -> Reference:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_streams(seed):
         samples = task.exact_posterior(task.y_obs).sample((num_samples,))
     return Reference(samples, "closed_form", True, "exact draws from the task's closed-form posterior")
 

@@ -20,6 +20,7 @@ from .. import tasks
 from ..mechanisms.base import lattice_cells
 from ..mechanisms.epsilon import epsilons, nominal_epsilon
 from ..qmc import cell_points
+from ..seeds import seeded_global_streams
 from ..tasks import Task
 from ..tasks.identity import identity, simulator_probe
 from . import posterior_file
@@ -656,8 +657,7 @@ class LikelihoodPosterior(Posterior):
         :func:`~dpsbi.inference.mcmc.slice_sample_groups`."""
         mcmc = self.mcmc if mcmc is None else mcmc
         run_seed = draw_seed(generator)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(run_seed)
+        with seeded_global_streams(run_seed):
             candidates = self.space.to_z(self.task.prior.sample((mcmc.init_candidates,))).to(self.device)
         init_gen = torch.Generator(device=self.device).manual_seed(run_seed)
         releases = len(y)

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..mechanisms.base import lattice_cells
+from ..seeds import seeded_global_streams
 from ..tasks import Task
 from .estimator import SequentialEstimator
 from .losses import dequantized, likelihood_log_prob, noise_uniforms, sple_loss
@@ -103,8 +104,7 @@ class SPLE(SequentialEstimator):
         """The directions ``(k, dim_s)`` in which :data:`ANCILLARY_PROBE` prior simulations never vary (under seeds
         derived from the fit's), checked against the mechanism's noise at the largest epsilon trained on; where
         there are none, refused in one line (``required``) or ``None``."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "ancillary prior"))
+        with seeded_global_streams(derive_seed(self.seed, "ancillary prior")):
             theta = self.task.prior.sample((ANCILLARY_PROBE,))
         generator = torch.Generator(device=theta.device).manual_seed(
             derive_seed(self.seed, "ancillary simulate")

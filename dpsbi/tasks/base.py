@@ -14,6 +14,7 @@ from torch.distributions import Distribution, Transform, identity_transform
 
 from ..mechanisms import Mechanism
 from ..mechanisms.base import check_exact_integers
+from ..seeds import seeded_global_streams
 
 Simulator = Callable[[Tensor, "torch.Generator | None"], Tensor]
 #: Prior draws on which a task's prior and transform are checked at construction (:func:`prior_problem`).
@@ -317,9 +318,7 @@ def prior_problem(prior: Distribution, transform: Transform) -> str | None:
     discrete = discrete_prior_problem(prior)
     if discrete:
         return discrete
-    device = prior_device(prior)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(PRIOR_CHECK_SEED)
+    with seeded_global_streams(PRIOR_CHECK_SEED, [prior_device(prior)]):
         theta = prior.sample((PRIOR_CHECK_DRAWS,))
     log_prob = prior.log_prob(theta)
     bad = ~torch.isfinite(log_prob)

@@ -44,7 +44,7 @@ import numbers
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -54,6 +54,7 @@ from torch.distributions import Distribution, Independent, Normal, Transform, Un
 
 from ..mechanisms import Mechanism
 from ..mechanisms.base import check_exact_integers
+from ..seeds import seeded_global_streams
 from . import register
 from .base import Task, as_summary, discrete_prior_problem, names_problem, prior_problem
 
@@ -216,27 +217,11 @@ def _seed_from(generator: torch.Generator | None) -> int:
     return int(torch.randint(0, 2**63 - 1, (), generator=generator, device=device))
 
 
-@contextlib.contextmanager
-def _seeded_global_streams(seed: int) -> Iterator[None]:
-    """Torch's global streams (CPU and CUDA) and numpy's global ``np.random`` stream seeded with ``seed``
-    inside the block, and restored after it."""
-    numpy_state = np.random.get_state()
-    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
-        torch.manual_seed(seed)
-        np.random.seed(seed % 2**32)
-        try:
-            yield
-        finally:
-            np.random.set_state(numpy_state)
-
-
-@contextlib.contextmanager
-def _probe_streams(prior: Distribution) -> Iterator[None]:
-    """Torch's global stream on the prior's device seeded with :data:`PROBE_SEED` inside, restored after."""
-    device = prior.mean.device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(PROBE_SEED)
-        yield
+def _seeded_global_streams(seed: int) -> contextlib.AbstractContextManager[None]:
+    """Torch's global streams (the CPU's and every CUDA device's) and numpy's global ``np.random`` stream
+    seeded with ``seed`` inside the block, and restored after it."""
+    cuda = [torch.device("cuda", index) for index in range(torch.cuda.device_count())]
+    return seeded_global_streams(seed, cuda, numpy=True)
 
 
 def from_simulator(
@@ -317,7 +302,7 @@ def from_simulator(
             if parameter_names is None
             else list(parameter_names)
         )
-        with _probe_streams(prior):
+        with seeded_global_streams(PROBE_SEED, [prior.mean.device]):
             problems += _transform_problems(transform, prior)
             true_theta = None if true_theta is None else _take(problems, _theta(true_theta, prior))
             problems += [names_problem("parameter_names", parameter_names, prior.event_shape[0])]

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..mechanisms import Mechanism
+from ..seeds import seeded_global_streams
 from .base import Task, prior_device
 
 #: Number of seeded prior draws in a task's identity.
@@ -65,9 +66,7 @@ def _numbers_tuple(value) -> bool:
 def prior_identity(task: Task) -> dict:
     """The prior's type, ``PROBE_DRAWS`` draws from it under a fixed seed, their log densities and their
     images in the unconstrained space (which fingerprint the bijection)."""
-    device = prior_device(task.prior)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(20261123)
+    with seeded_global_streams(20261123, [prior_device(task.prior)]):
         theta = task.prior.sample((PROBE_DRAWS,))
     return {
         "type": type(task.prior).__name__,
