@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -29,23 +29,21 @@ _GLOBAL_STREAMS = threading.RLock()
 
 
 @contextlib.contextmanager
-def seeded_global_streams(
-    seed: int, devices: Iterable[torch.device] = (), numpy: bool = False
-) -> Iterator[None]:
-    """Torch's global random streams seeded with ``seed`` inside the block and restored after it: the CPU's and
-    those of the CUDA ``devices`` (CPU devices among them add nothing; other streams are left alone); with
-    ``numpy``, numpy's global ``np.random`` stream too. For code that draws only from them
-    (``Distribution.sample``, sbi's diagnostics).
+def seeded_global_streams(seed: int, numpy: bool = False, start_cuda: bool = False) -> Iterator[None]:
+    """Torch's global random streams seeded with ``seed`` inside the block and restored after it: the CPU's, and
+    every CUDA device's once CUDA is running (``start_cuda``: started here where there is a GPU, for code that may
+    first use it inside the block); with ``numpy``, numpy's global ``np.random`` stream too. For code that draws
+    only from them (``Distribution.sample``, sbi's diagnostics, a simulator without a generator argument).
 
     One thread at a time is inside such a block (another waits for it), so the threads of one process never
     interleave their seeded draws; code outside dpsbi that draws from the global streams meanwhile still shares
     them."""
-    cuda = [device for device in map(torch.device, devices) if device.type == "cuda"]
+    running = start_cuda or torch.cuda.is_initialized()
+    cuda = list(range(torch.cuda.device_count())) if running else []
     with _GLOBAL_STREAMS, torch.random.fork_rng(devices=cuda):
         torch.random.default_generator.manual_seed(seed)
-        for device in cuda:
-            with torch.cuda.device(device):
-                torch.cuda.manual_seed(seed)
+        if cuda:
+            torch.cuda.manual_seed_all(seed)
         numpy_state = np.random.get_state() if numpy else None
         if numpy:
             np.random.seed(seed % 2**32)

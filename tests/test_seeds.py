@@ -10,7 +10,7 @@ from dpsbi.seeds import seeded_global_streams
 
 def test_a_seeded_block_draws_its_seeds_stream_and_restores_the_global_ones():
     torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()
-    with seeded_global_streams(7, [torch.device("cpu")], numpy=True):
+    with seeded_global_streams(7, numpy=True):
         inside = torch.randn(5), np.random.standard_normal(5)
     assert torch.equal(inside[0], torch.randn(5, generator=torch.Generator().manual_seed(7)))
     assert np.array_equal(inside[1], np.random.RandomState(7).standard_normal(5))

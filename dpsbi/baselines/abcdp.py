@@ -25,6 +25,7 @@ from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
 from ..mechanisms import Gaussian, Laplace
+from ..seeds import seeded_global_streams
 from ..tasks import Task
 from .result import BaselineResult
 
@@ -157,8 +158,7 @@ def sample_prior(prior: Distribution, num_samples: int, generator: torch.Generat
     if generator is None:
         return prior.sample((num_samples,))
     seed = int(torch.randint(0, 2**62, (), generator=generator))
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
+    with seeded_global_streams(seed):
         return prior.sample((num_samples,))
 
 

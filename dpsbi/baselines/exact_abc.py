@@ -18,7 +18,7 @@ from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
 from ..mechanisms.base import Mechanism
-from ..seeds import check_seed
+from ..seeds import check_seed, seeded_global_streams
 from ..tasks import Task
 from .result import BaselineResult
 
@@ -35,8 +35,7 @@ def seeded(seed: int | None) -> Iterator[None]:
     if seed is None:
         yield
         return
-    with torch.random.fork_rng():
-        torch.manual_seed(check_seed(seed))
+    with seeded_global_streams(check_seed(seed)):
         yield
 
 

@@ -27,7 +27,7 @@ from ..mechanisms.epsilon import (
     log_uniform,
     nominal_epsilon,
 )
-from ..seeds import check_seed
+from ..seeds import check_seed, seeded_global_streams
 from ..tasks import Task
 from ..tasks.identity import check_simulator, identity, simulator_probe
 from . import checkpoint
@@ -741,8 +741,7 @@ class SequentialEstimator(abc.ABC):
         to :meth:`append_simulations`."""
         finished = self._resume() if not self.history else len(self.history)
         if not finished or self.amortized:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
+            with seeded_global_streams(seed):
                 return self.task.prior.sample((n,))
         return self.proposal_draws(finished, self.posterior(finished - 1), n, seed).to(self.space.device)
 
@@ -795,8 +794,7 @@ class SequentialEstimator(abc.ABC):
             self._round_size() or self.sims_per_round
         )  # _run stops before a round the budget leaves no room for
         if posterior is None or self.amortized:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(self.seed, index, "prior"))
+            with seeded_global_streams(derive_seed(self.seed, index, "prior")):
                 theta = self.task.prior.sample((n,))
         else:
             theta = self.proposal_draws(index, posterior, n, derive_seed(self.seed, index, "propose")).to(
@@ -815,8 +813,7 @@ class SequentialEstimator(abc.ABC):
         self.pending = (self.pending[0][new], self.pending[1][new]) if new.any() else None
 
     def _build_flow(self) -> ConditionalFlow:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "flow"))
+        with seeded_global_streams(derive_seed(self.seed, "flow")):
             generator = torch.Generator(device=self.space.device).manual_seed(derive_seed(self.seed, "flow"))
             inputs, context = self.flow_data(
                 self.space.to_z(self.data["theta"]), self.data["s"], generator, self.data.get("epsilon")

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torch.distributions import Distribution
 
+from ..seeds import seeded_global_streams
 from ..tasks import Task
 
 
@@ -35,7 +36,7 @@ class ParameterSpace:
         space = self.copied_to(device)
         if space is None:
             return self
-        with torch.random.fork_rng(devices=[]):  # the user's global stream untouched
+        with seeded_global_streams(0):  # the user's global stream untouched
             z = self.to_z(self.prior.sample((2,)))
         try:
             copied = space.log_prior_z(z.to(device)).cpu()

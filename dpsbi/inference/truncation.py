@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..seeds import seeded_global_streams
 from ..tasks import Task
 from .posterior import Posterior
 from .seeding import derive_seed
@@ -36,8 +37,7 @@ def truncated_prior_draws(
                 f"truncated prior: {found} of {n} draws in {screened} prior draws (the posterior's region holds about "
                 f"{found / screened:.2e} of the prior mass); raise max_prior_draws or use atomic proposals (truncate=None)"
             )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(seed, "truncated", screened // BATCH))
+        with seeded_global_streams(derive_seed(seed, "truncated", screened // BATCH)):
             theta = task.prior.sample((BATCH,))
         inside = posterior.log_prob(theta).double() >= threshold  # on the flow's device
         kept.append(theta[inside.to(theta.device)])

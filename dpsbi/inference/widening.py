@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from ..mechanisms import Mechanism
 from ..mechanisms.base import AdditiveNoise
 from ..mechanisms.epsilon import at_epsilons
+from ..seeds import seeded_global_streams
 from .losses import noise_uniforms, with_log_epsilon
 from .settings import Settings
 from .training import Loss
@@ -181,8 +182,8 @@ def fit_release_ratio(
         release_features(y, epsilon, basis).transpose(0, 1).reshape(2 * n, -1).float()
     )  # widened rows, then plain
     label = torch.cat([torch.ones(n, device=s.device), torch.zeros(n, device=s.device)])
-    with torch.random.fork_rng(devices=[]):  # the classifier's initial weights, from the generator too
-        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=s.device)))
+    seed = int(torch.randint(2**62, (1,), generator=generator, device=s.device))
+    with seeded_global_streams(seed):  # the classifier's initial weights, from the generator too
         ratio = ReleaseRatio(x.mean(0), x.std(0).clamp(min=1e-12), settings.cap, basis).to(s.device)
     optimizer = torch.optim.Adam(ratio.net.parameters(), lr=1e-3)
     for _ in range(settings.classifier_steps):

@@ -318,7 +318,7 @@ def prior_problem(prior: Distribution, transform: Transform) -> str | None:
     discrete = discrete_prior_problem(prior)
     if discrete:
         return discrete
-    with seeded_global_streams(PRIOR_CHECK_SEED, [prior_device(prior)]):
+    with seeded_global_streams(PRIOR_CHECK_SEED):
         theta = prior.sample((PRIOR_CHECK_DRAWS,))
     log_prob = prior.log_prob(theta)
     bad = ~torch.isfinite(log_prob)

@@ -219,9 +219,8 @@ def _seed_from(generator: torch.Generator | None) -> int:
 
 def _seeded_global_streams(seed: int) -> contextlib.AbstractContextManager[None]:
     """Torch's global streams (the CPU's and every CUDA device's) and numpy's global ``np.random`` stream
-    seeded with ``seed`` inside the block, and restored after it."""
-    cuda = [torch.device("cuda", index) for index in range(torch.cuda.device_count())]
-    return seeded_global_streams(seed, cuda, numpy=True)
+    seeded with ``seed`` inside the block, and restored after it (a simulator may start CUDA inside)."""
+    return seeded_global_streams(seed, numpy=True, start_cuda=True)
 
 
 def from_simulator(
@@ -302,7 +301,7 @@ def from_simulator(
             if parameter_names is None
             else list(parameter_names)
         )
-        with seeded_global_streams(PROBE_SEED, [prior.mean.device]):
+        with seeded_global_streams(PROBE_SEED):
             problems += _transform_problems(transform, prior)
             true_theta = None if true_theta is None else _take(problems, _theta(true_theta, prior))
             problems += [names_problem("parameter_names", parameter_names, prior.event_shape[0])]

@@ -66,7 +66,7 @@ def _numbers_tuple(value) -> bool:
 def prior_identity(task: Task) -> dict:
     """The prior's type, ``PROBE_DRAWS`` draws from it under a fixed seed, their log densities and their
     images in the unconstrained space (which fingerprint the bijection)."""
-    with seeded_global_streams(20261123, [prior_device(task.prior)]):
+    with seeded_global_streams(20261123):
         theta = task.prior.sample((PROBE_DRAWS,))
     return {
         "type": type(task.prior).__name__,
