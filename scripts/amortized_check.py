@@ -65,6 +65,7 @@ import dpsbi
 from dpsbi.baselines.correction import ADAPT, SIMULATIONS_PER_DRAW
 from dpsbi.experiment.reference import reference_posterior
 from dpsbi.metrics import SPREADS, c2st, mean_shift, spread_ratios
+from dpsbi.seeds import seeded_global_streams
 
 #: name -> (tasks.load arguments, epsilon range of the fit, the epsilons scored).
 TASKS = {
@@ -99,8 +100,7 @@ def prior_predictive(task, n: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
     """``n`` pairs ``(theta, y)`` of the task's prior predictive at its epsilon. The parameters and the
     simulations draw from different streams: one seed for both would make a Gaussian simulator's noise a copy of
     the prior draws."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_streams(seed):
         theta = task.prior.sample((n,))
     return theta, task.simulate_release(theta, generator=torch.Generator().manual_seed(seed + 10_000))
 
@@ -115,8 +115,7 @@ def exact_draws(task, arguments: dict, y: torch.Tensor, n: int, seed: int, refer
         settings = {**REFERENCE, **reference, "num_samples": n}
         cached = {"cache_dir": reference_cache(), "seed": seed, "progress": False}
         return reference_posterior(at, config, **cached, **settings).samples
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_streams(seed):
         return task.exact_posterior(y[None]).sample((n,)).reshape(n, -1)
 
 

@@ -5,6 +5,7 @@ processes (``workers=N``) that do not depend on N."""
 
 import math
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from dpsbi.mechanisms import Laplace
+from dpsbi.seeds import seeded_global_streams
 from dpsbi.tasks import Task, from_simulator, normal
 
 MECHANISM = Laplace(1.0, sensitivity=0.4, dim=2)
@@ -262,6 +264,30 @@ def test_workers_follow_joblibs_active_backend():
     )
     with joblib.parallel_config(backend="threading"):
         assert torch.equal(two.simulate(theta, _generator(3)), one.simulate(theta, _generator(3)))
+
+
+def test_a_global_stream_simulator_under_a_backend_of_threads_runs_its_chunks_here():
+    """Its chunks seed the process's global streams, which threads share and a seeded block holds: under joblib's
+    threading backend they run one after another in the calling thread, with the same draws, also inside a seeded
+    block (where a pool of threads would wait for the block forever)."""
+    import joblib
+
+    simulator, options = WORKER_CASES["numpy-global-stream"]
+    prior, theta = normal([0.0, 0.0], [1.0, 1.0]), torch.zeros(23, 2)
+    one, two = (
+        from_simulator(prior, simulator, MECHANISM, Y_OBS, workers=n, chunk_size=5, **options) for n in (1, 2)
+    )
+    expected, found = one.simulate(theta, _generator(3)), {}
+
+    def in_a_seeded_block():
+        with joblib.parallel_config(backend="threading"), seeded_global_streams(0):
+            found["draws"] = two.simulate(theta, _generator(3))
+
+    thread = threading.Thread(target=in_a_seeded_block, daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the pool's threads waited for the seeded block"
+    assert torch.equal(found["draws"], expected)
 
 
 def test_bad_workers_and_an_unpicklable_simulator_are_refused_at_construction():

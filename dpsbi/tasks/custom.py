@@ -32,7 +32,9 @@ Parallel simulation (``from_simulator(..., workers=N)``): each call's rows are c
 and the chunks run in ``N`` joblib worker processes, so the draws depend on ``chunk_size`` but not on ``N``.
 The pool is joblib's active backend (loky processes on this machine by default): inside
 ``joblib.parallel_config(backend="dask")`` (with a ``dask.distributed.Client``) or ``backend="ray"`` (after
-``ray.util.joblib.register_ray()``) the chunks go to that cluster.
+``ray.util.joblib.register_ray()``) the chunks go to that cluster. A simulator without a generator argument
+draws from the process's global streams, which threads share: under a backend of threads
+(``backend="threading"``) its chunks run one after another in the calling thread (the same draws).
 """
 
 from __future__ import annotations
@@ -145,14 +147,15 @@ class UserSimulator:
     def in_chunks(self, theta: Tensor, seed: int) -> Tensor:
         """Summaries ``(n, dim_s)`` on ``theta``'s device, simulated on the CPU in chunks of ``chunk_size``
         rows, chunk ``k`` with the ``k``-th seed spawned from ``seed``; the chunks run here when there is
-        one worker or one chunk, else in a joblib pool of ``workers`` processes (the same draws)."""
+        one worker or one chunk (or the pool's workers are threads and ``fn`` draws from the global streams),
+        else in a joblib pool of ``workers`` processes (the same draws)."""
         chunks = theta.detach().cpu().split(self.chunk_size) or (theta.detach().cpu(),)
         seeds = [
             int(child.generate_state(1, np.uint64)[0] >> np.uint64(1))
             for child in np.random.SeedSequence(seed).spawn(len(chunks))
         ]
         dtype = torch.get_default_dtype()
-        if self.workers == 1 or len(chunks) == 1:
+        if self.workers == 1 or len(chunks) == 1 or (not self.takes_randomness and _pool_uses_threads()):
             results = [_run_chunk(self, chunk, chunk_seed, dtype) for chunk, chunk_seed in zip(chunks, seeds)]
         else:
             from joblib import Parallel, delayed
@@ -209,6 +212,14 @@ def takes_randomness(fn: Callable) -> bool:
     return len(positional) >= 2 and (
         positional[1].default is inspect.Parameter.empty or positional[1].default is None
     )
+
+
+def _pool_uses_threads() -> bool:
+    """Whether joblib's active backend runs its workers as threads of this process."""
+    from joblib.parallel import get_active_backend
+
+    backend, _ = get_active_backend(prefer="processes")
+    return bool(getattr(backend, "uses_threads", False))
 
 
 def _seed_from(generator: torch.Generator | None) -> int:
