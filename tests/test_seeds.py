@@ -47,6 +47,12 @@ def test_threads_never_interleave_their_seeded_draws():
         assert torch.equal(draws[name], torch.randn(6, generator=torch.Generator().manual_seed(seed)))
 
 
+def test_a_numpy_integer_or_a_zero_dimensional_tensor_seeds_as_its_int():
+    for seed in (np.int64(5), torch.tensor(5)):
+        with seeded_global_streams(seed):
+            assert torch.equal(torch.randn(2), torch.randn(2, generator=torch.Generator().manual_seed(5)))
+
+
 def test_a_seeded_block_may_hold_another_in_the_same_thread():
     with seeded_global_streams(3):
         with seeded_global_streams(4):
