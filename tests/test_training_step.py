@@ -13,7 +13,7 @@ import torch
 
 import dpsbi
 from dpsbi.inference import FlowSettings
-from dpsbi.inference.training import StepKind, TrainingSettings, _Round, batches, compiles
+from dpsbi.inference.training import StepKind, TrainingSettings, _fused, _Round, batches, compiles
 
 TINY = dict(
     sims_per_round=60,
@@ -307,6 +307,32 @@ def test_a_passing_check_leaves_the_round_as_it_was(monkeypatch):
             state.step(data, rows)
         weights.append(list(flow.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+
+
+@pytest.mark.parametrize("precision", ["32-true", "64-true", "bf16-mixed"])
+def test_adam_is_fused_on_the_cpu_and_steps_as_torchs_loop_does(precision):
+    """A CPU round's Adam is torch's fused kernel in every precision a fit takes, and its steps agree with the
+    per-tensor loop's (torch's CPU default) to rounding."""
+    loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
+    dtype = torch.float64 if precision == "64-true" else torch.float32
+    data = (torch.randn(20, 2, generator=torch.Generator().manual_seed(0), dtype=dtype),)
+    start, weights = torch.nn.Linear(2, 1).to(dtype).state_dict(), []
+    settings = TrainingSettings(accelerator="cpu", precision=precision)
+    for fused in (True, False):
+        flow = torch.nn.Linear(2, 1).to(dtype)
+        flow.load_state_dict(start)
+        state = _Round(flow, loss, settings, 0, 10)
+        assert state.optimizer.param_groups[0]["fused"] is True
+        if not fused:
+            state.optimizer = torch.optim.Adam(
+                flow.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+            )
+        for _ in range(5):
+            state.step(data, torch.arange(20))
+        weights.append(torch.cat([p.detach().flatten() for p in flow.parameters()]))
+    assert not torch.equal(weights[0], torch.cat([start["weight"].flatten(), start["bias"]]))  # it moved
+    torch.testing.assert_close(weights[0], weights[1], rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+    assert _fused(torch.device("mps")) == {}
 
 
 def test_a_compiled_fit_reports_its_largest_gradient_error(monkeypatch):

@@ -1,7 +1,7 @@
 """One default SPPE round on regression at epsilon 1 on one CPU thread, as a whole process: the CPU before/after
 figure of docs/RESULTS.md, "The sync-free training step" (timed from outside, run with the PYTHONPATH of each
-checkout). ``--full`` trains the round's whole 1000 steps (no early stop), so that two versions whose rounding
-differs time the same number of steps ("Adam's fused kernel on the CPU").
+checkout). ``--full`` trains the round to its ``max_steps`` (1000, rounded up to whole epochs: 1008) with no early
+stop, so that two versions whose rounding differs time the same steps ("Adam's fused kernel on the CPU").
 """
 
 import sys
