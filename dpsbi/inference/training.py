@@ -516,7 +516,7 @@ class _Round:
 
 def _fused(device: torch.device, captured: bool = False) -> dict:
     """Adam's keyword arguments for ``device``: its fused kernel on CUDA (capturable in a CUDA graph when
-    ``captured``) and on the CPU (one operator over the flow's tensors instead of a loop over them: 5-6 ms less a
+    ``captured``) and on the CPU (one operator over the flow's tensors instead of a loop over them: 5-10 ms less a
     default step on a core, docs/RESULTS.md, "Adam's fused kernel on the CPU"); ``{}`` elsewhere (torch's default)."""
     return {"fused": True, "capturable": captured} if device.type in ("cuda", "cpu") else {}
 
