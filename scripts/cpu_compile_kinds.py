@@ -50,14 +50,20 @@ CASES = {
 }
 
 
-def measure(name: str, cache: str) -> dict:
-    """One case in this process: the first compiled step and the interleaved means."""
-    torch.set_num_threads(1)
+def built(name: str) -> tuple:
+    """The case's estimator fitted at its tiny rounds, the index of the round whose step is timed, that round's
+    training data, its loss and a batch's rows: ``(estimator, index, data, loss, rows)``."""
     method, task, options, settings, index = CASES[name]
     estimator = getattr(dpsbi, method)(dpsbi.tasks.load(task, **options), **settings)
     estimator.run()
     data = estimator._dataset(False)
-    loss, rows = estimator.loss(index), torch.arange(estimator.training.batch_size)
+    return estimator, index, data, estimator.loss(index), torch.arange(estimator.training.batch_size)
+
+
+def measure(name: str, cache: str) -> dict:
+    """One case in this process: the first compiled step and the interleaved means."""
+    torch.set_num_threads(1)
+    estimator, index, data, loss, rows = built(name)
     states, first, spent = {}, {}, {False: 0.0, True: 0.0}
     for compiled in (False, True):
         settings = dataclasses.replace(estimator.training, compile=compiled)

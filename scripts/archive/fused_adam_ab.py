@@ -21,9 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for cpu_compile_kinds
 
 import torch  # noqa: E402
-from cpu_compile_kinds import CASES  # noqa: E402
+from cpu_compile_kinds import CASES, built  # noqa: E402
 
-import dpsbi  # noqa: E402
 from dpsbi.inference.training import _Round  # noqa: E402
 
 REPEATS, OPTIMIZER_REPEATS = 60, 200
@@ -42,17 +41,9 @@ def _interleaved(calls: dict, repeats: int) -> dict:
     return {name: round(total / repeats * 1e3, 2) for name, total in spent.items()}
 
 
-def _estimator(name: str):
-    """The case's estimator, fitted at its tiny rounds, and the index of the round whose step is timed."""
-    method, task, options, settings, index = CASES[name]
-    estimator = getattr(dpsbi, method)(dpsbi.tasks.load(task, **options), **settings)
-    estimator.run()
-    return estimator, index
-
-
 def optimizer_row() -> dict:
     """``optimizer.step()`` alone, each variant on its own copy of the regression flow's parameters and gradients."""
-    estimator, _ = _estimator("sppe regression round 1")
+    estimator = built("sppe regression round 1")[0]
     steps = {}
     for kind, options in ADAM.items():
         parameters = [p.detach().clone().requires_grad_() for p in estimator.flow.parameters()]
@@ -69,9 +60,7 @@ def optimizer_row() -> dict:
 
 def step_row(name: str) -> dict:
     """One case's training step with the per-tensor and with the fused Adam."""
-    estimator, index = _estimator(name)
-    data = estimator._dataset(False)
-    loss, rows = estimator.loss(index), torch.arange(estimator.training.batch_size)
+    estimator, index, data, loss, rows = built(name)
     training = dataclasses.replace(estimator.training, compile=False)
     states = {
         kind: _Round(copy.deepcopy(estimator.flow), loss, training, 0, 10_000) for kind in ("loop", "fused")
