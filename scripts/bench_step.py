@@ -8,7 +8,9 @@ sir_amortized`` SIR's amortized step instead (the plain loss over epsilon 0.1-10
 row, ``B`` flow evaluations; B = 1000 is the amortized default); with ``--step census_amortized`` the census
 table's (46 cells, discrete Gaussian noise over rho 0.15-0.7, one release a row); with ``--step
 naive_bayes_sple_amortized`` SPLE's amortized step on naive Bayes (epsilon 1-10 around the stored release at 10,
-the default ``M = 4`` widened releases a row: ``4 B`` evaluations; B = 1000 is the default). Eager, replayed as a
+the default ``M = 4`` widened releases a row: ``4 B`` evaluations; B = 1000 is the default); with ``--step
+count_amortized`` a user's count released by a scalar discrete Gaussian, amortized over epsilon 0.2-1 (each row
+re-calibrated by CKS Thm. 7). Eager, replayed as a
 CUDA graph (``cuda_graph``, what a fit on CUDA runs by default), and compiled (``torch.compile``; ``--compile-on cpu`` for
 the CPU too) with its compile time. Each row: the median over ``--repeats`` timed
 steps after ``--warmup`` steps (CUDA synchronized around each), written to ``--json`` as it is measured. CPU
@@ -29,9 +31,22 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dpsbi
 from dpsbi.inference.training import TrainingSettings, _deterministic, _Round, batches
+from dpsbi.mechanisms import DiscreteGaussian
 
 SIZES = (100, 1000, 10000)
-#: The steps timed (``--step``): the task, its epsilon, the estimator and its arguments beside the task.
+
+
+def count_task(epsilon: float) -> dpsbi.tasks.Task:
+    """A user's count (``s = round(theta)``, ``theta ~ U(0, 100)``) released by OpenDP's Gaussian on integers: a
+    scalar discrete Gaussian at ``(epsilon, 1e-6)``, sensitivity 1 (no stored release)."""
+    prior = dpsbi.tasks.box([0.0], [100.0])
+    return dpsbi.tasks.from_simulator(
+        prior, lambda theta: theta.round(), DiscreteGaussian(epsilon, 1e-6), None, name="count"
+    )
+
+
+#: The steps timed (``--step``): the task (a registered name, or a function of epsilon), its epsilon, the estimator
+#: and its arguments beside the task.
 STEPS = {
     "regression": ("regression", 1.0, dpsbi.SPPE, {}),
     "sir_amortized": ("sir", 1.0, dpsbi.SPPE, {"amortized": True, "epsilon_range": (0.1, 10.0)}),
@@ -47,6 +62,7 @@ STEPS = {
         dpsbi.SPLE,
         {"amortized": True, "epsilon_range": (1.0, 10.0), "inner_samples": 4},
     ),
+    "count_amortized": (count_task, 0.5, dpsbi.SPPE, {"amortized": True, "epsilon_range": (0.2, 1.0)}),
 }
 
 
@@ -55,7 +71,7 @@ def _estimator(backend: str, batch: int, step: str = "regression") -> dpsbi.SPPE
     them (one tiny round on the CPU), ready for its loss of the second round (SPPE's atomic on regression)."""
     name, epsilon, method, options = STEPS[step]
     estimator = method(
-        dpsbi.tasks.load(name, epsilon=epsilon),
+        name(epsilon) if callable(name) else dpsbi.tasks.load(name, epsilon=epsilon),
         rounds=1,
         sims_per_round=max(2 * batch, 200),
         flow=dict(backend=backend),

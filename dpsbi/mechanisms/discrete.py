@@ -31,7 +31,7 @@ from torch import Tensor
 from .base import AdditiveNoise, Mechanism, check_exact_integers, check_integer, check_positive, check_scale
 from .epsilon import batched_copy, epsilons, readable
 from .gaussian import analytic_sigma
-from .tables import tabled
+from .tables import cell, table, tabled
 
 #: The largest discrete Gaussian sigma: its inverse-CDF table covers ``|k| <= 10 sigma + 2`` (2e7 entries here).
 MAX_SIGMA = 1e6
@@ -115,7 +115,9 @@ def discrete_gaussian_delta(epsilon: float, sigma: float, sensitivity: int) -> f
     ``Delta`` (CKS Thm. 7): ``P(Y > eps sigma^2 / Delta - Delta / 2) - e^eps P(Y > eps sigma^2 / Delta + Delta / 2)``."""
     a = epsilon * sigma**2 / sensitivity - sensitivity / 2
     upper = discrete_gaussian_log_tail(math.floor(a) + 1, sigma)  # P(Y > x) = P(Y >= floor(x) + 1)
-    lower = discrete_gaussian_log_tail(math.floor(a + sensitivity) + 1, sigma)
+    lower = discrete_gaussian_log_tail(
+        math.floor(a) + 1 + sensitivity, sigma
+    )  # not floor(a + Delta): rounding
     return max(0.0, math.exp(upper) - math.exp(epsilon + lower))
 
 
@@ -190,6 +192,15 @@ _BISECTIONS, _GOLDEN_STEPS = 64, 48
 #: Points of :func:`discrete_gaussian_quantiles`' window, ``low`` to ``low + 9`` (its ``high`` is at most ``low + 9``).
 _WINDOW = 10
 _GOLDEN = (math.sqrt(5) - 1) / 2
+#: The epsilons (``log epsilon``) of the scalar calibration's table of brackets (:func:`discrete_gaussian_sigmas`):
+#: steps of 0.0024; past its ends the bracket of the nearer end (there sigma is past ``2 MAX_SIGMA`` or below 0.01
+#: for a sensitivity up to about 4e4).
+_SIGMA_GRID = (-20.0, 30.0, 20481)
+#: Newton steps of :func:`discrete_gaussian_sigmas` in its table's bracket (fixed: no host read).
+_NEWTON_STEPS = 6
+#: Where :func:`discrete_gaussian_sigmas` looks for the private side last: offsets above the bracket's non-private
+#: end, relative to its ``log sigma`` (at least 1).
+_LANDING = tuple(1e-12 * 4.0**j for j in range(7))
 #: The grid of the zCDP conversions' tables of optima (:func:`_at_optimum`): ``log epsilon`` or ``log rho``.
 _LOG_GRID = (-20.0, 20.0, 4097)
 
@@ -248,18 +259,23 @@ def _deltas(epsilon: Tensor, sigma: Tensor, sensitivity: int) -> Tensor:
     a = epsilon * sigma**2 / sensitivity - sensitivity / 2
     log_z = _log_normalizer(sigma)
     upper = _log_sf(torch.floor(a) + 1, sigma, log_z)
-    lower = _log_sf(torch.floor(a + sensitivity) + 1, sigma, log_z)
+    lower = _log_sf(torch.floor(a) + 1 + sensitivity, sigma, log_z)
     return (torch.exp(upper) - torch.exp(epsilon + lower)).clamp(min=0.0)
 
 
-def _bisect_log(private, low: Tensor, high: Tensor) -> Tensor:
-    """The end of ``[exp(low), exp(high)]`` on the private side after :data:`_BISECTIONS` halvings in log:
-    ``private(x)`` (a boolean tensor) must be false at ``exp(low)`` and true at ``exp(high)``."""
+def _bisection(private, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+    """``[low, high]`` (logs) after :data:`_BISECTIONS` halvings in log: ``private(x)`` (a boolean tensor) must be
+    false at ``exp(low)`` and true at ``exp(high)``, and is so at the ends returned."""
     for _ in range(_BISECTIONS):
         mid = (low + high) / 2
         ok = private(torch.exp(mid))
         low, high = torch.where(ok, low, mid), torch.where(ok, mid, high)
-    return torch.exp(high)
+    return low, high
+
+
+def _bisect_log(private, low: Tensor, high: Tensor) -> Tensor:
+    """The end of ``[exp(low), exp(high)]`` on the private side after :func:`_bisection`."""
+    return torch.exp(_bisection(private, low, high)[1])
 
 
 def _golden_argmax(f, low: Tensor, high: Tensor) -> Tensor:
@@ -293,13 +309,91 @@ def _at_optimum(kind: str, objective, guess, width: float, value: Tensor, delta:
     return objective(value, delta)(x)
 
 
+def _bisected_sigmas(epsilon: Tensor, delta: float, sensitivity: int) -> Tensor:
+    """CKS Thm. 7 bisected in ``log sigma`` on ``[0.01, 2 MAX_SIGMA]`` by :data:`_BISECTIONS` halvings, per entry of
+    ``epsilon (n,)``: the ends ``(n, 2)``, ``log sigma`` not private and private (at most an ulp or two apart)."""
+    low = torch.full_like(epsilon, math.log(0.01))
+    high = torch.full_like(epsilon, math.log(2 * MAX_SIGMA))
+    return torch.stack(_bisection(lambda sigma: _deltas(epsilon, sigma, sensitivity) <= delta, low, high), -1)
+
+
 def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) -> Tensor:
-    """Vectorized :func:`discrete_gaussian_sigma` (float64, per entry of ``epsilon``): the same CKS Thm. 7 bisected
-    in ``log sigma`` on ``[0.01, 2 MAX_SIGMA]`` by :data:`_BISECTIONS` halvings, ending on the private side."""
+    """Vectorized :func:`discrete_gaussian_sigma` (float64, per entry of ``epsilon``) in a fixed number of steps:
+
+    - **a bracket from a table**: CKS Thm. 7 bisected once per ``delta`` and sensitivity at the epsilons of
+      :data:`_SIGMA_GRID` (:func:`_bisected_sigmas`); ``delta(epsilon)`` falls with ``epsilon``, so the sigma not
+      private at the grid's next epsilon and the private one at the grid's epsilon below bracket the row's;
+    - **:data:`_NEWTON_STEPS` safeguarded Newton steps** on ``log delta(log sigma)`` from the table's interpolation
+      (:func:`_newton`), each one call of the exact ``delta`` at four points a row;
+    - **landing on the private side**: the smallest private point among the last step's, a few just above the
+      bracket's non-private end (:data:`_LANDING`) and its private end.
+
+    Every answer is private; from epsilon 1e-5 to :func:`one_to_one_epsilon` (100 000 epsilons at each of four
+    deltas and sensitivities) within 4e-10 of a 64-halving bisection, whose own rounding floor that is, in 7 calls
+    of ``delta`` where the bisection makes 64 (``tests/test_discrete_mechanisms.py``)."""
     eps = epsilon.double()
-    low = torch.full_like(eps, math.log(0.01))
-    high = torch.full_like(eps, math.log(2 * MAX_SIGMA))
-    return _bisect_log(lambda sigma: _deltas(eps, sigma, sensitivity) <= delta, low, high)
+    ends = table(
+        f"discrete_gaussian_sigma/{sensitivity}",
+        delta,
+        _SIGMA_GRID,
+        lambda grid: _bisected_sigmas(torch.exp(grid), delta, sensitivity),
+        eps.device,
+    )
+    index, weight = cell(_SIGMA_GRID, torch.log(eps))
+    hi = ends[index, 1]
+    lo = torch.minimum(ends[index + 1, 0], hi)
+    start = (hi * (1 - weight) + ends[index + 1, 1] * weight).clamp(lo, hi)
+    excess = _log_excess(eps, delta, sensitivity)
+    x, lo, hi = _newton(excess, start, lo, hi, lambda x: _kinks(x, eps, sensitivity))
+    scale = lo.abs().clamp(min=1.0)[..., None]
+    landing = torch.tensor(_LANDING, dtype=lo.dtype, device=lo.device)
+    candidates = torch.cat([x[..., None], lo[..., None] + landing * scale, hi[..., None]], -1)
+    private = torch.where(excess(candidates) <= 0, candidates, math.inf).amin(-1)
+    return torch.exp(torch.where(torch.isfinite(private), private, hi))
+
+
+def _log_excess(epsilon: Tensor, delta: float, sensitivity: int):
+    """``x (n, k) -> log delta(epsilon, e^x) - log delta (n, k)`` for ``epsilon (n,)`` (CKS Thm. 7; at most 0
+    where ``e^x`` is private)."""
+
+    def excess(x: Tensor) -> Tensor:
+        return torch.log(_deltas(epsilon[..., None], torch.exp(x), sensitivity)) - math.log(delta)
+
+    return excess
+
+
+def _kinks(x: Tensor, epsilon: Tensor, sensitivity: int) -> Tensor:
+    """The ``log sigma (n, 2)`` nearest ``x (n,)`` below and above where ``epsilon sigma^2 / Delta - Delta / 2`` is
+    an integer: there the sums of CKS Thm. 7 gain or lose a term, and ``delta``'s slope jumps."""
+    a = epsilon * torch.exp(2 * x) / sensitivity - sensitivity / 2
+    k = torch.floor(a)[..., None] + torch.tensor([0.0, 1.0], dtype=x.dtype, device=x.device)
+    return 0.5 * torch.log((k + sensitivity / 2).clamp(min=1e-300) * sensitivity / epsilon[..., None])
+
+
+def _newton(excess, x: Tensor, lo: Tensor, hi: Tensor, kinks) -> tuple[Tensor, Tensor, Tensor]:
+    """:data:`_NEWTON_STEPS` Newton steps towards the root of a decreasing ``excess`` from ``x``, inside ``[lo,
+    hi]`` (``excess`` above 0 at ``lo``, at most 0 at ``hi``), all ``(n,)``: each evaluates ``x``, ``x + h`` (the
+    slope; ``h`` a thousandth of the bracket, 1e-13 to 1e-7 of ``x``) and ``kinks(x) (n, 2)`` in one call, narrows
+    the bracket by every point's sign, and steps to Newton's point if it lies inside, else to regula falsi's on
+    the bracket, else to its middle. Returns the next point (not evaluated) and the bracket."""
+    g_lo, g_hi = (
+        torch.full_like(lo, math.inf),
+        torch.full_like(hi, -math.inf),
+    )  # not known: never used for a step
+    for _ in range(_NEWTON_STEPS):
+        size = x.abs().clamp(min=1.0)
+        h = torch.minimum(1e-3 * (hi - lo), 1e-7 * size).clamp(min=1e-13 * size)
+        points = torch.cat([torch.stack([x, x + h], -1), kinks(x).clamp(lo[..., None], hi[..., None])], -1)
+        values = excess(points)
+        for point, value in zip(points.unbind(-1), values.unbind(-1), strict=True):
+            above, below = (value > 0) & (point >= lo), (value <= 0) & (point <= hi)
+            lo, g_lo = torch.where(above, point, lo), torch.where(above, value, g_lo)
+            hi, g_hi = torch.where(below, point, hi), torch.where(below, value, g_hi)
+        step = x - values[..., 0] * h / (values[..., 1] - values[..., 0])
+        falsi = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+        inside = lambda t: (t > lo) & (t < hi)  # noqa: E731 (NaN and infinities are outside)
+        x = torch.where(inside(step), step, torch.where(inside(falsi), falsi, (lo + hi) / 2))
+    return x, lo, hi
 
 
 def discrete_gaussian_epsilons(delta: float, sigma: Tensor, sensitivity: int) -> Tensor:
@@ -316,13 +410,37 @@ def one_to_one_epsilon(delta: float, sensitivity: int) -> float:
     below a few sensitivities of noise, ``delta(epsilon, sigma)`` rises and falls with ``sigma`` as the integers
     cross the privacy loss's threshold, so smaller sigmas than the calibrated one can be private at the same
     epsilon (at ``delta = 1e-6``, sensitivity 1: ``sigma = 1`` is private at epsilon 4.50, which calibrates back
-    to sigma 1.09). A sigma's epsilon that a larger sigma's exceeds is where that starts: the smallest such epsilon
-    on a grid of 32 001 sigmas from 0.01 to 30 sensitivities (a few seconds, once per ``delta`` and sensitivity; in
-    the four cases checked it agreed with, or lay below, a round-trip check on 200 000 sigmas)."""
+    to sigma 1.09). That starts at the lowest local minimum of a sigma's epsilon: found on a grid of 32 001 sigmas
+    from 0.01 to 30 sensitivities, where the epsilon rises, then, for the rises within 0.2 % of the lowest, at the
+    minimum itself, a kink of CKS Thm. 7 (:func:`_kink_epsilons`), which the grid steps over (by 6e-5 at delta
+    1e-10, sensitivity 3). A few seconds, once per ``delta`` and sensitivity."""
     sigma = torch.exp(torch.linspace(math.log(0.01), math.log(30 * sensitivity), 32001, dtype=torch.float64))
     epsilon = discrete_gaussian_epsilons(delta, sigma, sensitivity)
-    rising = epsilon[1:] > epsilon[:-1] * (1 + 1e-9)
-    return float(epsilon[:-1][rising].min()) if bool(rising.any()) else math.inf
+    rising = torch.nonzero(epsilon[1:] > epsilon[:-1] * (1 + 1e-9))[:, 0]
+    if rising.numel() == 0:
+        return math.inf
+    lowest = epsilon[rising].min()
+    start = rising[epsilon[rising] <= lowest * 1.002].clamp(min=1)  # a grid step moves epsilon by < 5e-4
+    kinks = _kink_epsilons(delta, sensitivity, sigma[start - 1], sigma[start + 1])
+    return min(float(lowest), float(kinks.min()))
+
+
+def _kink_epsilons(delta: float, sensitivity: int, low: Tensor, high: Tensor) -> Tensor:
+    """The epsilons ``(n, 3)`` of the sigmas in ``[low, high] (n,)`` where the curve of a sigma's epsilon meets a
+    kink of CKS Thm. 7 (``a = epsilon sigma^2 / Delta - Delta / 2`` an integer ``m``; ``a`` rises with ``sigma`` along
+    the curve, whose epsilon falls more slowly than ``1 / sigma^2``): the first three integers past ``a(low)``, each
+    bisected 48 times in ``sigma``; ``inf`` where ``a(high)`` stays below it."""
+
+    def a(s: Tensor) -> Tensor:
+        return discrete_gaussian_epsilons(delta, s, sensitivity) * s**2 / sensitivity - sensitivity / 2
+
+    m = torch.floor(a(low))[:, None] + torch.arange(1.0, 4.0, dtype=low.dtype)
+    lo, hi = low[:, None].expand_as(m), high[:, None].expand_as(m)
+    for _ in range(48):
+        mid = (lo + hi) / 2
+        past = a(mid) >= m
+        lo, hi = torch.where(past, lo, mid), torch.where(past, mid, hi)
+    return torch.where(a(high)[:, None] >= m, discrete_gaussian_epsilons(delta, hi, sensitivity), math.inf)
 
 
 def _alpha(x: Tensor) -> Tensor:
