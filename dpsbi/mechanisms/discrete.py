@@ -198,9 +198,10 @@ _GOLDEN = (math.sqrt(5) - 1) / 2
 _SIGMA_GRID = (-20.0, 30.0, 20481)
 #: Newton steps of :func:`discrete_gaussian_sigmas` in its table's bracket (fixed: no host read).
 _NEWTON_STEPS = 6
-#: Where :func:`discrete_gaussian_sigmas` looks for the private side last: offsets above the bracket's non-private
-#: end, relative to its ``log sigma`` (at least 1).
-_LANDING = tuple(1e-12 * 4.0**j for j in range(7))
+#: Where :func:`discrete_gaussian_sigmas` looks for the private side last: :data:`_LANDINGS` offsets above the
+#: bracket's non-private end, from 1e-12 in steps of 4, relative to its ``log sigma`` (at least 1); made on the device
+#: (no copy from the host, which a CUDA graph's capture refuses).
+_LANDING_FIRST, _LANDING_RATIO, _LANDINGS = 1e-12, 4.0, 7
 #: The grid of the zCDP conversions' tables of optima (:func:`_at_optimum`): ``log epsilon`` or ``log rho``.
 _LOG_GRID = (-20.0, 20.0, 4097)
 
@@ -326,7 +327,7 @@ def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) ->
     - **:data:`_NEWTON_STEPS` safeguarded Newton steps** on ``log delta(log sigma)`` from the table's interpolation
       (:func:`_newton`), each one call of the exact ``delta`` at four points a row;
     - **landing on the private side**: the smallest private point among the last step's, a few just above the
-      bracket's non-private end (:data:`_LANDING`) and its private end.
+      bracket's non-private end (:data:`_LANDINGS`) and its private end.
 
     Every answer is private; from epsilon 1e-5 to :func:`one_to_one_epsilon` (100 000 epsilons at each of four
     deltas and sensitivities) within 4e-10 of a 64-halving bisection, whose own rounding floor that is, in 7 calls
@@ -346,7 +347,7 @@ def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) ->
     excess = _log_excess(eps, delta, sensitivity)
     x, lo, hi = _newton(excess, start, lo, hi, lambda x: _kinks(x, eps, sensitivity))
     scale = lo.abs().clamp(min=1.0)[..., None]
-    landing = torch.tensor(_LANDING, dtype=lo.dtype, device=lo.device)
+    landing = _LANDING_FIRST * _LANDING_RATIO ** torch.arange(_LANDINGS, dtype=lo.dtype, device=lo.device)
     candidates = torch.cat([x[..., None], lo[..., None] + landing * scale, hi[..., None]], -1)
     private = torch.where(excess(candidates) <= 0, candidates, math.inf).amin(-1)
     return torch.exp(torch.where(torch.isfinite(private), private, hi))
@@ -366,7 +367,7 @@ def _kinks(x: Tensor, epsilon: Tensor, sensitivity: int) -> Tensor:
     """The ``log sigma (n, 2)`` nearest ``x (n,)`` below and above where ``epsilon sigma^2 / Delta - Delta / 2`` is
     an integer: there the sums of CKS Thm. 7 gain or lose a term, and ``delta``'s slope jumps."""
     a = epsilon * torch.exp(2 * x) / sensitivity - sensitivity / 2
-    k = torch.floor(a)[..., None] + torch.tensor([0.0, 1.0], dtype=x.dtype, device=x.device)
+    k = torch.floor(a)[..., None] + torch.arange(2, dtype=x.dtype, device=x.device)
     return 0.5 * torch.log((k + sensitivity / 2).clamp(min=1e-300) * sensitivity / epsilon[..., None])
 
 
