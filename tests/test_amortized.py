@@ -533,11 +533,13 @@ def test_the_command_line_takes_amortized_and_epsilon_range():
             plan(compose("config", overrides=[*base, "method.epsilon_range=[2,4]"]))
 
 
-def test_the_discrete_poisson_release_has_the_gamma_mixture_posterior():
-    """``poisson_counts(noise="discrete_laplace")`` releases integers; its exact posterior (the Gamma mixture) is
-    checked against quadrature of prior x sum_s Pois(s) DLap(y - s) with the mechanism's own pmf on a theta grid."""
+@pytest.mark.parametrize("noise", ["discrete_laplace", "discrete_gaussian"])
+def test_the_discrete_poisson_release_has_the_gamma_mixture_posterior(noise):
+    """``poisson_counts(noise="discrete_laplace")`` and ``"discrete_gaussian"`` release integers; the exact
+    posterior (the Gamma mixture) is checked against quadrature of prior x sum_s Pois(s) p(y - s) with the
+    mechanism's own pmf on a theta grid."""
     for epsilon, y in ((0.15, 31.0), (1.5, 19.0)):
-        task = load("poisson_counts", epsilon=epsilon, noise="discrete_laplace")
+        task = load("poisson_counts", epsilon=epsilon, noise=noise)
         assert task.mechanism.lattice == 1.0 and float(task.y_obs) == round(float(task.y_obs))
         theta = torch.linspace(0.5, 80, 4000, dtype=torch.float64)
         s = torch.arange(0, 400, dtype=torch.float64)
