@@ -20,6 +20,8 @@ from dpsbi.baselines import rejection_abc
 from dpsbi.inference.losses import dequantized
 from dpsbi.mechanisms import DiscreteGaussian, DiscreteLaplace
 from dpsbi.mechanisms.discrete import (
+    _DELTA_MARGIN,
+    MAX_SIGMA,
     _bisected_sigmas,
     _deltas,
     discrete_gaussian_delta,
@@ -324,18 +326,27 @@ def test_below_its_limit_a_scalar_statistics_epsilon_has_one_sigma(delta, sensit
 def test_the_scalar_calibration_is_the_bisections_in_seven_calls_on_every_device(
     delta, sensitivity, operator_count
 ):
-    """Per row, a scalar statistic's sigma (CKS Thm. 7) is a table's bracket and six Newton steps: from epsilon
-    1e-5 to just below ``one_to_one_epsilon`` (20 000 epsilons) within 1e-9 of a 64-halving bisection's private end
-    (their differences are the rounding of ``delta``, below 4e-10 in 100 000 epsilons), every sigma private (to the
-    ulps of ``delta``, which moves with the layout of the sums), traced as a compiled step gives the same, and on
-    torch's meta device it reads nothing back in fewer than 2000 operators (the bisection: 10 312)."""
+    """Per row, a scalar statistic's sigma (CKS Thm. 7) is a table's bracket and six Newton steps at ``delta (1 -
+    1e-9)``: from epsilon 1e-5 to just below ``one_to_one_epsilon`` (20 000 epsilons) within 1e-9 of a 64-halving
+    bisection's private end at that delta (their differences are the rounding of ``delta``, below 4e-10 in 100 000
+    epsilons), every sigma private at ``delta``, also below the table (epsilon to 0, where sigma rises to
+    ``Delta / (delta sqrt(2 pi))``); a NaN or negative epsilon gets the bisection's ``2 MAX_SIGMA``; traced as a
+    compiled step it gives the same, and on torch's meta device it reads nothing back in fewer than 2000 operators
+    (the bisection: 10 310)."""
     limit = one_to_one_epsilon(delta, sensitivity)
     u = torch.rand(20000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     epsilon = torch.exp(math.log(1e-5) + u * (math.log(0.999 * limit) - math.log(1e-5)))
+    tiny = torch.tensor([0.0, 1e-15, 1e-11, 2.0e-9, 2.06e-9], dtype=torch.float64)  # below the table: e^-20
+    epsilon = torch.cat([epsilon, tiny])
     sigma = discrete_gaussian_sigmas(epsilon, delta, sensitivity)
-    bisected = torch.exp(_bisected_sigmas(epsilon, delta, sensitivity)[:, 1])
+    bisected = torch.exp(_bisected_sigmas(epsilon, delta * (1 - _DELTA_MARGIN), sensitivity)[:, 1])
     assert float((sigma / bisected - 1).abs().max()) < 1e-9
-    assert bool((_deltas(epsilon, sigma, sensitivity) <= delta * (1 + 1e-12)).all())
+    capped = bisected > 2 * MAX_SIGMA * (
+        1 - 1e-12
+    )  # no sigma up to the search's top is private: both stop there
+    assert bool((_deltas(epsilon, sigma, sensitivity) <= delta)[~capped].all())
+    odd = discrete_gaussian_sigmas(torch.tensor([math.nan, -1.0], dtype=torch.float64), delta, sensitivity)
+    assert odd.tolist() == pytest.approx([2 * MAX_SIGMA] * 2, rel=1e-12)
     traced = torch.compile(
         lambda e: discrete_gaussian_sigmas(e, delta, sensitivity),
         backend="eager",
@@ -359,7 +370,7 @@ def test_the_exact_delta_is_continuous_where_the_privacy_loss_crosses_epsilon_at
     at = _deltas(torch.tensor(epsilon, dtype=torch.float64), sigma, sensitivity)
     near = _deltas(torch.tensor(epsilon, dtype=torch.float64), sigma * (1 + 1e-9), sensitivity)
     assert float((at / near - 1).abs().max()) < 1e-6
-    for i in range(0, 200, 20):
+    for i in range(200):
         scalar = discrete_gaussian_delta(epsilon, float(sigma[i]), sensitivity)
         assert scalar == pytest.approx(float(near[i]), rel=1e-6)
 

@@ -115,9 +115,9 @@ def discrete_gaussian_delta(epsilon: float, sigma: float, sensitivity: int) -> f
     ``Delta`` (CKS Thm. 7): ``P(Y > eps sigma^2 / Delta - Delta / 2) - e^eps P(Y > eps sigma^2 / Delta + Delta / 2)``."""
     a = epsilon * sigma**2 / sensitivity - sensitivity / 2
     upper = discrete_gaussian_log_tail(math.floor(a) + 1, sigma)  # P(Y > x) = P(Y >= floor(x) + 1)
-    lower = discrete_gaussian_log_tail(
-        math.floor(a) + 1 + sensitivity, sigma
-    )  # not floor(a + Delta): rounding
+    # the second sum starts Delta terms after the first: floor(a + Delta) can round to one more where a is an ulp
+    # below an integer
+    lower = discrete_gaussian_log_tail(math.floor(a) + 1 + sensitivity, sigma)
     return max(0.0, math.exp(upper) - math.exp(epsilon + lower))
 
 
@@ -193,9 +193,13 @@ _BISECTIONS, _GOLDEN_STEPS = 64, 48
 _WINDOW = 10
 _GOLDEN = (math.sqrt(5) - 1) / 2
 #: The epsilons (``log epsilon``) of the scalar calibration's table of brackets (:func:`discrete_gaussian_sigmas`):
-#: steps of 0.0024; past its ends the bracket of the nearer end (there sigma is past ``2 MAX_SIGMA`` or below 0.01
-#: for a sensitivity up to about 4e4).
+#: steps of 0.0024. Below it a row's bracket runs from the table's first non-private end to ``2 MAX_SIGMA`` (as
+#: epsilon falls to 0, sigma rises to ``Delta / (delta sqrt(2 pi))``, 4e5 at delta 1e-6); above it sigma is below
+#: 0.01 for a sensitivity up to about 4e4.
 _SIGMA_GRID = (-20.0, 30.0, 20481)
+#: The scalar calibration's sigmas are private at ``delta (1 - _DELTA_MARGIN)``, so that another order of the same
+#: sums (a compiled step's, 1e-12 of delta apart at small epsilon) finds them private at ``delta``.
+_DELTA_MARGIN = 1e-9
 #: Newton steps of :func:`discrete_gaussian_sigmas` in its table's bracket (fixed: no host read).
 _NEWTON_STEPS = 6
 #: Where :func:`discrete_gaussian_sigmas` looks for the private side last: :data:`_LANDINGS` offsets above the
@@ -260,7 +264,7 @@ def _deltas(epsilon: Tensor, sigma: Tensor, sensitivity: int) -> Tensor:
     a = epsilon * sigma**2 / sensitivity - sensitivity / 2
     log_z = _log_normalizer(sigma)
     upper = _log_sf(torch.floor(a) + 1, sigma, log_z)
-    lower = _log_sf(torch.floor(a) + 1 + sensitivity, sigma, log_z)
+    lower = _log_sf(torch.floor(a) + 1 + sensitivity, sigma, log_z)  # as discrete_gaussian_delta's
     return (torch.exp(upper) - torch.exp(epsilon + lower)).clamp(min=0.0)
 
 
@@ -329,10 +333,12 @@ def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) ->
     - **landing on the private side**: the smallest private point among the last step's, a few just above the
       bracket's non-private end (:data:`_LANDINGS`) and its private end.
 
-    Every answer is private; from epsilon 1e-5 to :func:`one_to_one_epsilon` (100 000 epsilons at each of four
-    deltas and sensitivities) within 4e-10 of a 64-halving bisection, whose own rounding floor that is, in 7 calls
-    of ``delta`` where the bisection makes 64 (``tests/test_discrete_mechanisms.py``)."""
-    eps = epsilon.double()
+    All of it at ``delta (1 - _DELTA_MARGIN)`` (:data:`_DELTA_MARGIN`). Every answer is private (the private end of a
+    bracket at worst; ``2 MAX_SIGMA`` for a NaN or negative epsilon, as the bisection gave); from epsilon 1e-5 to
+    :func:`one_to_one_epsilon` (100 000 epsilons at each of four deltas and sensitivities) within 4e-10 of a
+    64-halving bisection, whose own rounding floor that is, in 7 calls of ``delta`` where the bisection makes 64
+    (``tests/test_discrete_mechanisms.py``). ``sensitivity`` is a Python int (a table's key)."""
+    eps, delta = epsilon.double(), delta * (1 - _DELTA_MARGIN)
     ends = table(
         f"discrete_gaussian_sigma/{sensitivity}",
         delta,
@@ -340,10 +346,12 @@ def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) ->
         lambda grid: _bisected_sigmas(torch.exp(grid), delta, sensitivity),
         eps.device,
     )
-    index, weight = cell(_SIGMA_GRID, torch.log(eps))
-    hi = ends[index, 1]
+    log_eps = torch.where(eps > 0, torch.log(eps), -math.inf)  # NaN and negatives below the grid too
+    index, weight = cell(_SIGMA_GRID, log_eps)
+    below = log_eps < _SIGMA_GRID[0]
+    hi = torch.where(below, math.log(2 * MAX_SIGMA), ends[index, 1])
     lo = torch.minimum(ends[index + 1, 0], hi)
-    start = (hi * (1 - weight) + ends[index + 1, 1] * weight).clamp(lo, hi)
+    start = (ends[index, 1] * (1 - weight) + ends[index + 1, 1] * weight).clamp(lo, hi)
     excess = _log_excess(eps, delta, sensitivity)
     x, lo, hi = _newton(excess, start, lo, hi, lambda x: _kinks(x, eps, sensitivity))
     scale = lo.abs().clamp(min=1.0)[..., None]
@@ -377,23 +385,22 @@ def _newton(excess, x: Tensor, lo: Tensor, hi: Tensor, kinks) -> tuple[Tensor, T
     slope; ``h`` a thousandth of the bracket, 1e-13 to 1e-7 of ``x``) and ``kinks(x) (n, 2)`` in one call, narrows
     the bracket by every point's sign, and steps to Newton's point if it lies inside, else to regula falsi's on
     the bracket, else to its middle. Returns the next point (not evaluated) and the bracket."""
-    g_lo, g_hi = (
-        torch.full_like(lo, math.inf),
-        torch.full_like(hi, -math.inf),
-    )  # not known: never used for a step
+    # the ends' values, not known at first: regula falsi on them gives NaN, never a step
+    g_lo, g_hi = torch.full_like(lo, math.inf), torch.full_like(hi, -math.inf)
     for _ in range(_NEWTON_STEPS):
         size = x.abs().clamp(min=1.0)
         h = torch.minimum(1e-3 * (hi - lo), 1e-7 * size).clamp(min=1e-13 * size)
         points = torch.cat([torch.stack([x, x + h], -1), kinks(x).clamp(lo[..., None], hi[..., None])], -1)
         values = excess(points)
         for point, value in zip(points.unbind(-1), values.unbind(-1), strict=True):
-            above, below = (value > 0) & (point >= lo), (value <= 0) & (point <= hi)
+            inside = (point > lo) & (point < hi)  # the ends' own signs are known
+            above, below = inside & (value > 0), inside & (value <= 0)
             lo, g_lo = torch.where(above, point, lo), torch.where(above, value, g_lo)
             hi, g_hi = torch.where(below, point, hi), torch.where(below, value, g_hi)
         step = x - values[..., 0] * h / (values[..., 1] - values[..., 0])
         falsi = hi - g_hi * (hi - lo) / (g_hi - g_lo)
-        inside = lambda t: (t > lo) & (t < hi)  # noqa: E731 (NaN and infinities are outside)
-        x = torch.where(inside(step), step, torch.where(inside(falsi), falsi, (lo + hi) / 2))
+        newton, regula = (step > lo) & (step < hi), (falsi > lo) & (falsi < hi)  # NaN and infinities: neither
+        x = torch.where(newton, step, torch.where(regula, falsi, (lo + hi) / 2))
     return x, lo, hi
 
 
@@ -421,7 +428,8 @@ def one_to_one_epsilon(delta: float, sensitivity: int) -> float:
     if rising.numel() == 0:
         return math.inf
     lowest = epsilon[rising].min()
-    start = rising[epsilon[rising] <= lowest * 1.002].clamp(min=1)  # a grid step moves epsilon by < 5e-4
+    # a grid step moves epsilon by at most twice its step in log sigma: below 1e-3 for any sensitivity up to 1e4
+    start = rising[epsilon[rising] <= lowest * 1.002].clamp(min=1)
     kinks = _kink_epsilons(delta, sensitivity, sigma[start - 1], sigma[start + 1])
     return min(float(lowest), float(kinks.min()))
 

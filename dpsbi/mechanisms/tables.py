@@ -37,10 +37,11 @@ def table(
 
 def cell(grid: tuple[float, float, int], x: Tensor) -> tuple[Tensor, Tensor]:
     """Where ``x`` (any shape, float64) lies on ``grid``: the index ``i`` of the grid point at or below it (long,
-    ``0 .. points - 2``) and its weight ``w`` in ``[0, 1]`` towards point ``i + 1``, clamped to the grid's ends."""
+    ``0 .. points - 2``) and its weight ``w`` in ``[0, 1]`` towards point ``i + 1``, clamped to the grid's ends (a
+    NaN: index 0, weight NaN)."""
     low, high, points = grid
     position = (x.clamp(low, high) - low) / (high - low) * (points - 1)
-    index = position.floor().clamp(0, points - 2)
+    index = position.nan_to_num(0.0).floor().clamp(0, points - 2)
     return index.long(), position - index
 
 
