@@ -23,9 +23,11 @@ TINY = dict(
     progress=False,
 )
 #: One task per mechanism family: Laplace (regression), Gaussian, the binomial curve (SIR, tau-leaping),
-#: discrete Gaussian (census), randomized response.
+#: discrete Gaussian (census: a vector, by the zCDP conversion; a Poisson count: a scalar, by CKS Thm. 7),
+#: randomized response.
 TASKS = {
     "regression": dict(epsilon=1.0),
+    "poisson_counts": dict(epsilon=0.5, noise="discrete_gaussian"),
     "conjugate_gaussian": dict(epsilon=1.0),
     "sir": dict(epsilon=10.0, simulator="tau_leap"),
     "census_table": dict(),
@@ -84,7 +86,7 @@ def test_the_combined_loss_needs_atomic_rounds():
 def test_the_epsilon_conditioned_step_traces_whole(method, task_name, step_traces_whole):
     """An amortized step re-calibrates each family's mechanism at its rows' epsilons without a host decision
     (the analytic Gaussian's calibration read its epsilons on the host, so its compiled steps fell back to eager)."""
-    ranges = {"census_table": (3.0, 10.0)}
+    ranges = {"census_table": (3.0, 10.0), "poisson_counts": (0.1, 1.0)}  # a scalar's: one sigma an epsilon
     epsilon_range = ranges.get(task_name, (0.1, 10.0))
     step_traces_whole(_fitted(method, task_name, amortized=True, epsilon_range=epsilon_range), 0)
 
