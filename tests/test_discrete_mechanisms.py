@@ -300,10 +300,9 @@ def test_below_its_limit_a_scalar_statistics_epsilon_has_one_sigma(delta, sensit
     if (delta, sensitivity) == (1e-5, 1):  # a narrow band a grid of 8001 sigmas missed (its limit was 1.7612)
         band = torch.tensor([2.1969], dtype=torch.float64)
         assert limit < float(discrete_gaussian_epsilons(delta, band, 1)) < 1.7612
-    if (delta, sensitivity) == (1e-10, 3):  # the minimum at a kink (sigma 3.8494) that the grid stepped over
-        assert (
-            4.96034 < limit < 4.96035
-        )  # the grid alone: 4.96040, where sigma 3.8553 calibrates back to 3.8493
+    if (delta, sensitivity) == (1e-10, 3):  # the minimum at a kink (sigma 3.8494) that the grid stepped over:
+        # the grid alone gave 4.96040, where sigma 3.8553 calibrates back to 3.8493
+        assert 4.96034 < limit < 4.96035
     if (delta, sensitivity) == (1e-6, 1):  # sigma 1 is private at epsilon 4.50, which calibrates back to 1.09
         one = torch.tensor([1.0], dtype=torch.float64)
         assert (
@@ -341,9 +340,8 @@ def test_the_scalar_calibration_is_the_bisections_in_seven_calls_on_every_device
     sigma = discrete_gaussian_sigmas(epsilon, delta, sensitivity)
     bisected = torch.exp(_bisected_sigmas(epsilon, delta * (1 - _DELTA_MARGIN), sensitivity)[:, 1])
     assert float((sigma / bisected - 1).abs().max()) < 1e-9
-    capped = bisected > 2 * MAX_SIGMA * (
-        1 - 1e-12
-    )  # no sigma up to the search's top is private: both stop there
+    # where no sigma up to the search's top is private, both stop there
+    capped = bisected > 2 * MAX_SIGMA * (1 - 1e-12)
     assert bool((_deltas(epsilon, sigma, sensitivity) <= delta)[~capped].all())
     odd = discrete_gaussian_sigmas(torch.tensor([math.nan, -1.0], dtype=torch.float64), delta, sensitivity)
     assert odd.tolist() == pytest.approx([2 * MAX_SIGMA] * 2, rel=1e-12)
