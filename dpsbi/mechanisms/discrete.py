@@ -335,7 +335,7 @@ def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) ->
 
     All of it at ``delta (1 - _DELTA_MARGIN)`` (:data:`_DELTA_MARGIN`). Every answer is private (the private end of a
     bracket at worst; ``2 MAX_SIGMA`` for a NaN or negative epsilon, as the bisection gave); from epsilon 1e-5 to
-    :func:`one_to_one_epsilon` (100 000 epsilons at each of four deltas and sensitivities) within 4e-10 of a
+    :func:`one_to_one_epsilon` (100 000 epsilons at each of four deltas and sensitivities) within 4.5e-10 of a
     64-halving bisection, whose own rounding floor that is, in 7 calls of ``delta`` where the bisection makes 64
     (``tests/test_discrete_mechanisms.py``). ``sensitivity`` is a Python int (a table's key)."""
     eps, delta = epsilon.double(), delta * (1 - _DELTA_MARGIN)
