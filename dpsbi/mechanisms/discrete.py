@@ -334,7 +334,8 @@ def discrete_gaussian_sigmas(epsilon: Tensor, delta: float, sensitivity: int) ->
       bracket's non-private end (:data:`_LANDINGS`) and its private end.
 
     All of it at ``delta (1 - _DELTA_MARGIN)`` (:data:`_DELTA_MARGIN`). Every answer is private (the private end of a
-    bracket at worst; ``2 MAX_SIGMA`` for a NaN or negative epsilon, as the bisection gave); from epsilon 1e-5 to
+    bracket at worst) where some sigma up to ``2 MAX_SIGMA`` is; elsewhere, and for a NaN or negative epsilon, it is
+    ``2 MAX_SIGMA``, as the bisection gave (past ``MAX_SIGMA``, which the mechanism refuses); from epsilon 1e-5 to
     :func:`one_to_one_epsilon` (100 000 epsilons at each of four deltas and sensitivities) within 4.5e-10 of a
     64-halving bisection, whose own rounding floor that is, in 7 calls of ``delta`` where the bisection makes 64
     (``tests/test_discrete_mechanisms.py``). ``sensitivity`` is a Python int (a table's key)."""
