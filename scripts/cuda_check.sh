@@ -12,7 +12,8 @@
 #      reference after each (scripts/census_scale.py; the reference computed beforehand);
 #   5. SPLE's sample_batched at 500 and 2000 releases on CUDA, with its synchronizations counted
 #      (scripts/bench_sple_sampling.py --releases, a posterior trained beforehand);
-#   6. the amortized steps of SIR and the census table at their default batch (1000) on CUDA, eager and replayed;
+#   6. the amortized steps of SIR, the census table and a scalar discrete Gaussian's count (its per-row sigma by
+#      table and Newton steps) at their default batch (1000) on CUDA, eager and replayed;
 #   7. two candidate GPU schedules of the regression fit, seed 0: batches of 400 at twice the learning rate, and
 #      4000 simulations a round in batches of 400.
 # Parts 4-7 run only while the script's budget (BUDGET seconds, default 480) has room for them. The GPU jobs run
@@ -112,7 +113,7 @@ for releases in 500 2000; do
   }
 done
 
-for step in sir_amortized census_amortized; do
+for step in sir_amortized census_amortized count_amortized; do
   room 30 "6. the $step step" && {
     stamp "6. the $step step on CUDA"
     pin $gpu_cores timeout -k 10 30 $PY scripts/bench_step.py --step $step --devices cuda --backends dpsbi \
