@@ -150,11 +150,14 @@ def test_poisson_mean_and_variance():
     assert abs(s.var().item() - 12.0) < 4 * var_se
 
 
-def test_poisson_exact_posterior_agrees_with_a_grid_sum():
-    task = load("poisson_counts")
+@pytest.mark.parametrize("noise", ["laplace", "discrete_laplace", "discrete_gaussian"])
+def test_poisson_exact_posterior_agrees_with_a_grid_sum(noise):
+    """The Gamma mixture against prior x ``exact_log_likelihood`` on a grid, for every noise (each by its own
+    pmf or density: a likelihood that ignored ``noise`` would miss the discrete Gaussian's moments by far more)."""
+    task = load("poisson_counts", noise=noise)
     post = task.exact_posterior(task.y_obs)
     grid = torch.linspace(1e-3, 90, 90001)
-    logp = task.prior.log_prob(grid[:, None]) + exact_log_likelihood(grid[:, None], task.y_obs, 0.2)
+    logp = task.prior.log_prob(grid[:, None]) + exact_log_likelihood(grid[:, None], task.y_obs, 0.2, noise)
     dens = (logp - logp.max()).exp()
     dens = dens / torch.trapezoid(dens, grid)
     assert torch.trapezoid(dens * grid, grid).item() == pytest.approx(post.mean.item(), rel=1e-6)

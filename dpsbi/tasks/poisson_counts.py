@@ -65,16 +65,17 @@ def exact_posterior(
     return MixtureSameFamily(Categorical(probs=w[keep].to(dtype)), components)
 
 
-def exact_log_likelihood(theta: Tensor, y: Tensor, epsilon: float = 0.2) -> Tensor:
-    """``log p(y | theta) = log sum_s Pois(s; theta) Lap(y - s; 1/epsilon)`` for theta of shape ``(n, 1)``; shape ``(n,)``."""
+def exact_log_likelihood(theta: Tensor, y: Tensor, epsilon: float = 0.2, noise: str = "laplace") -> Tensor:
+    """``log p(y | theta) = log sum_s Pois(s; theta) p(y - s)`` for theta of shape ``(n, 1)``, ``p`` the noise's
+    density or pmf (:data:`NOISE`); shape ``(n,)``. The sum runs to ``y`` plus 60 / ``epsilon`` and 20 sds of the
+    largest theta's count beyond it."""
     y0 = float(torch.as_tensor(y).reshape(-1)[0])
-    scale = 1.0 / epsilon
     theta = theta.double().reshape(-1, 1)
-    s_max = int(max(y0, 0) + 60 * scale + theta.max().item() + 20 * math.sqrt(theta.max().item() + 1) + 50)
+    top = theta.max().item()
+    s_max = int(max(y0, 0) + 60 / epsilon + top + 20 * math.sqrt(top + 1) + 50)
     s = torch.arange(s_max + 1, dtype=torch.float64)
     log_pois = s * torch.log(theta) - theta - torch.lgamma(s + 1)
-    log_lap = -(y0 - s).abs() / scale - math.log(2 * scale)
-    return torch.logsumexp(log_pois + log_lap, dim=-1)
+    return torch.logsumexp(log_pois + NOISE[noise](epsilon).noise_log_prob(y0 - s), dim=-1)
 
 
 @register("poisson_counts")
