@@ -304,11 +304,44 @@ def test_a_passing_check_leaves_the_round_as_it_was(monkeypatch):
     for compile in (True, False):
         flow = torch.nn.Linear(2, 1)
         flow.load_state_dict(start)
-        state = _Round(flow, loss, TrainingSettings(accelerator="cpu", compile=compile), 0, 10)
-        for rows in (torch.arange(8), torch.arange(8, 20), torch.arange(8)):  # two batch sizes: two checks
+        state = _Round(flow, loss, TrainingSettings(accelerator="cpu", compile=compile, batch_size=8), 0, 10)
+        for rows in (torch.arange(8), torch.arange(8, 20), torch.arange(8)):  # checked, eager, compiled
             state.step(data, rows)
         weights.append(list(flow.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+
+
+def test_a_compiled_round_compiles_one_shape(monkeypatch):
+    """A compiled round runs its compiled loss on batches of its epochs' first batch's size only: the last batch,
+    larger where the rows do not divide into batches, runs eagerly (a second shape would be a second compile), and
+    a round of one batch compiles that batch's size."""
+    shapes = []
+
+    def compile(f, **options):
+        def compiled(flow, batch, draws):
+            shapes.append(batch[0].shape[0])
+            return f(flow, batch, draws)
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile)
+    loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
+    for rows, expected in ((20, [8, 8]), (12, [12, 12])):  # batches of 8 and 12; one batch of 12
+        data = (torch.randn(rows, 2, generator=torch.Generator().manual_seed(0)),)
+        state = _Round(
+            torch.nn.Linear(2, 1),
+            loss,
+            TrainingSettings(accelerator="cpu", compile=True, batch_size=8),
+            0,
+            10,
+        )
+        shapes.clear()
+        for _ in range(2):
+            state.train_epoch(data)
+        assert shapes == expected and state.compiled
+    assert (
+        dpsbi.inference.training.first_batch(16, 8) == 8 and dpsbi.inference.training.first_batch(15, 8) == 15
+    )
 
 
 @pytest.mark.parametrize("precision", ["32-true", "64-true", "bf16-mixed"])

@@ -216,6 +216,12 @@ def planned_steps(settings: TrainingSettings, rows: int) -> tuple[int, int | Non
     return per_epoch, None if epochs is None else epochs * per_epoch
 
 
+def first_batch(rows: int, batch_size: int) -> int:
+    """The rows of an epoch's first batch of ``rows`` rows (:func:`batches`): ``batch_size``, or ``rows`` where the
+    epoch is one batch. A compiled round compiles its loss for this shape only."""
+    return batch_size if rows >= 2 * batch_size else rows
+
+
 def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
     """Slices of the row order ``order (n,)`` into batches of ``batch_size`` rows; a trailing partial batch joins
     the one before it, so no batch has fewer than ``batch_size`` rows (unless there are fewer rows in all): the
@@ -343,7 +349,7 @@ class _Round:
         if compiled:
             mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")  # CUDA graphs
             compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=mode)
-        self.compute, self.checked, self.fell_back, self.doubted = compute, set(), False, False
+        self.compute, self.unchecked, self.fell_back, self.doubted = compute, True, False, False
         self.gradient_errors: list[float] = []  # each check's relative error of the compiled gradient
         dtype = str(settings.precision)
         self.autocast = (
@@ -378,10 +384,15 @@ class _Round:
     def _update(self, data: tuple[Tensor, ...], rows: Tensor, draws: tuple[Tensor, ...]) -> Tensor:
         """The step's arithmetic: the batch cut from ``data``, the loss, backward, clipping and Adam."""
         batch = tuple(t.index_select(0, rows) for t in data)
-        checking = self.compiled and rows.shape[0] not in self.checked
+        # one shape compiled, the epoch's first batch's: its last batch, larger where the rows do not divide into
+        # batches, runs eagerly (a second shape would cost a second compile, 111-137 s cold on a core)
+        compiled = self.compiled and rows.shape[0] == first_batch(data[0].shape[0], self.settings.batch_size)
+        checking = compiled and self.unchecked
         value = self._checked_step(batch, draws) if checking else None
-        if value is None:  # not checked, or a batch off and not yet confirmed: this step eager
-            value = self._backward(self.loss.compute if checking else self.compute, batch, draws)
+        if value is None:  # not compiled, or a batch off and not yet confirmed: this step eager
+            value = self._backward(
+                self.compute if compiled and not checking else self.loss.compute, batch, draws
+            )
         nn.utils.clip_grad_norm_(self.flow.parameters(), self.settings.clip, foreach=True)
         self.optimizer.step()
         return value.detach()
@@ -400,17 +411,18 @@ class _Round:
         return value
 
     def _checked_step(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor | None:
-        """The compiled loss's gradient against the eager one's on each epoch's first batch of each size (each size
-        is compiled anew at its first check, with torch's own deprecation warning silenced; one read on the host a
-        check). Where the step may run compiled, returns the compiled loss, its gradient left in the flow (the step's
-        own: computing it again would give the same); ``None`` where the step is to run eagerly. Beyond
+        """The compiled loss's gradient against the eager one's on each epoch's first full batch (compiled at the
+        round's first check, with torch's own deprecation warning silenced; one read on the host a check). Where the
+        step may run compiled, returns the compiled loss, its gradient left in the flow (the step's own: computing it
+        again would give the same); ``None`` where the step is to run eagerly. Beyond
         :data:`COMPILED_GRADIENT_TOLERANCE` on two checked batches in a row, ``compile=True`` raises
         :class:`CompiledGradientError` and ``"auto"`` warns in one line and trains the round (and the fit's later
-        rounds) eagerly, as it does where the compiler fails to build the step. After one such batch, the step runs eagerly and the next batch of that size is checked too: a value within a few
-        ulps of a spline knot can put one row's gradient on the other side of the knot compiled than eager, with no
-        bug (:data:`COMPILED_GRADIENT_TOLERANCE`; 2 of 150 noise draws of one batch at the conjugate Gaussian's
-        amortized SPLE's last round), where a wrong compiler (11-78 % on every batch) fails the next batch too."""
-        self.checked.add(batch[0].shape[0])
+        rounds) eagerly, as it does where the compiler fails to build the step. After one such batch, the step runs
+        eagerly and the next full batch is checked too: a value within a few ulps of a spline knot can put one row's
+        gradient on the other side of the knot compiled than eager, with no bug (:data:`COMPILED_GRADIENT_TOLERANCE`;
+        2 of 150 noise draws of one batch at the conjugate Gaussian's amortized SPLE's last round), where a wrong
+        compiler (11-78 % on every batch) fails the next batch too."""
+        self.unchecked = False
         eager = self._gradient(self.loss.compute, batch, draws)[1]
         try:
             with _compiler_quiet():
@@ -430,9 +442,9 @@ class _Round:
         if error <= tolerance:
             self.doubted = False
             return value
-        if not self.doubted:  # confirmed (or not) on the next batch of this size
+        if not self.doubted:  # confirmed (or not) on the next full batch
             self.doubted = True
-            self.checked.discard(batch[0].shape[0])
+            self.unchecked = True
             return None
         where = f"{error:.2%} off the eager one's on two checked batches in a row (the second at step {self.count})"
         if self.settings.compile is True:
@@ -488,7 +500,7 @@ class _Round:
         """One epoch of steps; returns the epoch's summed ``loss x rows`` and the index of its first non-finite
         step (``-1``: none), both on the device."""
         device = data[0].device
-        self.checked.clear()  # a compiled loss is checked again at the epoch's first batch of each size
+        self.unchecked = True  # a compiled loss is checked again at the epoch's first full batch
         order = torch.randperm(data[0].shape[0], generator=self.shuffle, device=device)
         total = torch.zeros((), device=device)
         first_bad = torch.full((), -1, dtype=torch.long, device=device)
