@@ -244,6 +244,7 @@ def test_auto_compiles_a_kind_of_step_the_fit_takes_enough_of_on_the_cpu(monkeyp
     assert compiles(auto, cpu, 570, StepKind(4000, 4655))  # SPLE's amortized fit on naive Bayes
     assert compiles(auto, cpu, 1000, StepKind(1000, 9481))  # regression's atomic SPPE rounds at y_obs
     assert compiles(auto, cpu, 2000, StepKind(100, 20352))  # SIR's truncated SPPE rounds at y_obs
+    assert compiles(auto, cpu, 1000, StepKind(100, 10294))  # naive Bayes' truncated SPPE rounds
     assert not compiles(auto, cpu, 1000, StepKind(100, 1007))  # regression's first round (a kind of its own)
     assert not compiles(auto, cpu, 500, StepKind(800, 3611))  # sequential SPLE
     assert not compiles(auto, cpu, 10**9, StepKind(10**9, None)) and not compiles(auto, cpu, 10**9, None)
