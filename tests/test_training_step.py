@@ -496,6 +496,36 @@ def test_a_compiled_loss_is_checked_at_every_epoch(monkeypatch):
         state.train_epoch(data)  # its first batch checked wrong (that step eager), then its second
 
 
+@pytest.mark.parametrize("wrong_calls", [{1}, {1, 2}])
+def test_a_doubted_batch_is_confirmed_at_the_next_epochs_first_batch(monkeypatch, wrong_calls):
+    """Where an epoch has one full batch (and a larger last batch, eager), a first batch off once is confirmed at
+    the next epoch's first batch: right there, the round stays compiled; off there too, ``compile=True`` refuses."""
+    calls = []
+
+    def compile(f, **options):
+        def compiled(*args):
+            calls.append(None)
+            return (2.0 if len(calls) in wrong_calls else 1.0) * f(*args)
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile)
+    loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
+    data = (torch.randn(20, 2, generator=torch.Generator().manual_seed(0)),)  # batches of 8 and 12
+    settings = TrainingSettings(accelerator="cpu", compile=True, batch_size=8)
+    state = _Round(torch.nn.Linear(2, 1), loss, settings, 0, 10)
+    state.train_epoch(data)
+    assert state.doubted and len(calls) == 1
+    if wrong_calls == {1}:
+        state.train_epoch(data)
+        assert state.compiled and not state.doubted and state.gradient_errors[1] == 0.0
+    else:
+        with pytest.raises(
+            dpsbi.inference.training.CompiledGradientError, match="two checked batches in a row"
+        ):
+            state.train_epoch(data)
+
+
 def test_a_fit_whose_compiler_failed_does_not_try_again(monkeypatch):
     """Under ``"auto"`` a round whose compiler fails trains eagerly after one warning, and so do the fit's later
     rounds without trying again (a failed check costs a compile each time), resumed or not."""
