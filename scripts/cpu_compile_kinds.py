@@ -25,7 +25,7 @@ import time
 import torch
 
 import dpsbi
-from dpsbi.inference.training import _Round
+from dpsbi.inference.training import _Round, first_batch
 
 REPEATS = 30
 TINY = dict(training=dict(max_steps=3), progress=False)
@@ -52,12 +52,14 @@ CASES = {
 
 def built(name: str) -> tuple:
     """The case's estimator fitted at its tiny rounds, the index of the round whose step is timed, that round's
-    training data, its loss and a batch's rows: ``(estimator, index, data, loss, rows)``."""
+    training data, its loss and a batch's rows, of the shape a compiled round compiles: ``(estimator, index, data,
+    loss, rows)``."""
     method, task, options, settings, index = CASES[name]
     estimator = getattr(dpsbi, method)(dpsbi.tasks.load(task, **options), **settings)
     estimator.run()
     data = estimator._dataset(False)
-    return estimator, index, data, estimator.loss(index), torch.arange(estimator.training.batch_size)
+    rows = torch.arange(first_batch(data[0].shape[0], estimator.training.batch_size))
+    return estimator, index, data, estimator.loss(index), rows
 
 
 def measure(name: str, cache: str) -> dict:
