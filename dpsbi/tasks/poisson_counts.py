@@ -67,8 +67,8 @@ def exact_posterior(
 
 def exact_log_likelihood(theta: Tensor, y: Tensor, epsilon: float = 0.2, noise: str = "laplace") -> Tensor:
     """``log p(y | theta) = log sum_s Pois(s; theta) p(y - s)`` for theta of shape ``(n, 1)``, ``p`` the noise's
-    density or pmf (:data:`NOISE`); shape ``(n,)``. The sum runs to ``y`` plus 60 / ``epsilon`` and 20 sds of the
-    largest theta's count beyond it."""
+    density or pmf (:data:`NOISE`); shape ``(n,)``. The sum over counts runs to ``y + 60 / epsilon`` plus the largest
+    theta, 20 sds of its count and 50."""
     y0 = float(torch.as_tensor(y).reshape(-1)[0])
     theta = theta.double().reshape(-1, 1)
     top = theta.max().item()
