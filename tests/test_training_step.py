@@ -13,7 +13,16 @@ import torch
 
 import dpsbi
 from dpsbi.inference import FlowSettings
-from dpsbi.inference.training import StepKind, TrainingSettings, _fused, _Round, batches, compiles
+from dpsbi.inference.training import (
+    COMPILED_CHECK_STEPS,
+    StepKind,
+    TrainingSettings,
+    _fused,
+    _Round,
+    batches,
+    compiles,
+    shaped_steps,
+)
 
 TINY = dict(
     sims_per_round=60,
@@ -243,10 +252,10 @@ def test_auto_compiles_a_kind_of_step_the_fit_takes_enough_of_on_the_cpu(monkeyp
     auto = TrainingSettings()
     assert compiles(auto, cpu, 570, StepKind(4000, 4655))  # SPLE's amortized fit on naive Bayes
     assert compiles(auto, cpu, 1000, StepKind(1000, 9481))  # regression's atomic SPPE rounds at y_obs
-    assert compiles(auto, cpu, 2000, StepKind(100, 20352))  # SIR's truncated SPPE rounds at y_obs
-    assert compiles(auto, cpu, 1000, StepKind(100, 10294))  # naive Bayes' truncated SPPE rounds
+    assert compiles(auto, cpu, 2000, StepKind(100, 19959))  # SIR's truncated SPPE rounds at y_obs
+    assert compiles(auto, cpu, 1000, StepKind(100, 10096))  # naive Bayes' truncated SPPE rounds
     assert not compiles(auto, cpu, 1000, StepKind(100, 1007))  # regression's first round (a kind of its own)
-    assert not compiles(auto, cpu, 500, StepKind(800, 3611))  # sequential SPLE
+    assert not compiles(auto, cpu, 500, StepKind(800, 3518))  # sequential SPLE
     assert not compiles(auto, cpu, 10**9, StepKind(10**9, None)) and not compiles(auto, cpu, 10**9, None)
     assert not compiles(TrainingSettings(compile=False), cpu, 1, StepKind(4000, 10**6))
     monkeypatch.setattr(dpsbi.inference.training, "cpu_compiler", lambda: False)  # no C++ compiler found
@@ -345,6 +354,16 @@ def test_a_compiled_round_compiles_one_shape(monkeypatch):
     )
 
 
+def test_a_kind_of_step_counts_the_steps_that_run_compiled():
+    """``compile="auto"`` prices a kind of step by the steps a compiled round runs compiled (``shaped_steps``): a
+    round's planned steps but each epoch's larger last batch (SPLE's first round: 950 rows, 9 batches an epoch, 56
+    epochs under ``max_steps=500``)."""
+    settings = TrainingSettings(batch_size=100, max_steps=500)
+    assert dpsbi.inference.training.planned_steps(settings, 950) == (9, 504)
+    assert [shaped_steps(settings, rows) for rows in (950, 1900, 150, 99)] == [56 * 8, 19 * 27, 500, 500]
+    assert shaped_steps(TrainingSettings(batch_size=100, max_steps=None, lr_schedule="constant"), 950) is None
+
+
 @pytest.mark.parametrize("precision", ["32-true", "64-true", "bf16-mixed"])
 def test_adam_is_fused_on_the_cpu_and_steps_as_torchs_loop_does(precision):
     """A CPU round's Adam is torch's fused kernel in every precision a fit takes, and its steps agree with the
@@ -372,8 +391,8 @@ def test_adam_is_fused_on_the_cpu_and_steps_as_torchs_loop_does(precision):
 
 
 def test_a_compiled_fit_reports_its_largest_gradient_error(monkeypatch):
-    """``fit_flow`` returns the largest relative error of the compiled gradient over a compiled round's checks (one
-    an epoch), and nothing of it for an eager round."""
+    """``fit_flow`` returns the largest relative error of the compiled gradient over a compiled round's checks, and
+    nothing of it for an eager round."""
     monkeypatch.setattr(torch, "compile", _compiler_standin(loss_factor=1.0 + 1e-4))
     loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
     data = (torch.randn(40, 2, generator=torch.Generator().manual_seed(0)),)
@@ -456,7 +475,7 @@ def test_a_batch_off_once_is_trained_eagerly_and_the_round_stays_compiled(monkey
     monkeypatch.setattr(torch, "compile", compile)
     loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
     data = (torch.randn(16, 2, generator=torch.Generator().manual_seed(0)),)
-    start, weights = torch.nn.Linear(2, 1).state_dict(), []
+    start, weights, checks = torch.nn.Linear(2, 1).state_dict(), [], {}
     for setting in (True, False):
         flow = torch.nn.Linear(2, 1)
         flow.load_state_dict(start)
@@ -467,33 +486,52 @@ def test_a_batch_off_once_is_trained_eagerly_and_the_round_stays_compiled(monkey
             state.train_epoch(data)
         assert state.compiled is setting and not state.doubted
         weights.append(list(flow.parameters()))
+        checks[setting] = len(state.gradient_errors)
     # epoch 1: the first check (off; its step eager), the second batch's check (its step: the checked gradient is
-    # the step's own, not computed again); epoch 2: a check (its first step) and one more step
-    assert len(calls) == 1 + 1 + 2
+    # the step's own, not computed again); epoch 2: two compiled steps, unchecked (COMPILED_CHECK_STEPS apart)
+    assert len(calls) == 1 + 1 + 2 and checks == {True: 2, False: 0}
     assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
 
 
-def test_a_compiled_loss_is_checked_at_every_epoch(monkeypatch):
-    """torch 2.13's CPU compiler got some batches of a loss wrong and others right: a compiler right on its first
-    two calls and wrong after is caught at the next epoch's first batch (``compile=True``: refused)."""
-    calls = []
+def test_a_compiled_loss_is_checked_every_compiled_check_steps_steps(monkeypatch):
+    """torch 2.13's CPU compiler got some batches of a loss wrong and others right: a compiled round checks its
+    gradient on its first full batch and then on the first full batch ``COMPILED_CHECK_STEPS`` steps after its last
+    check, no sooner (each check costs an eager step), so a compiler right on its first two calls and wrong after
+    is caught there (``compile=True``: refused at the doubted batch's confirmation, the step after)."""
+    calls, wrong = [], []
 
     def compile(f, **options):
         def compiled(*args):
             calls.append(None)
-            return (2.0 if len(calls) > 2 else 1.0) * f(*args)
+            return (2.0 if wrong else 1.0) * f(*args)
 
         return compiled
 
     monkeypatch.setattr(torch, "compile", compile)
     loss = dpsbi.inference.training.Loss(lambda flow, batch, draws: flow(batch[0]).square().mean())
-    data = (torch.randn(16, 2, generator=torch.Generator().manual_seed(0)),)
+    data = (torch.randn(16, 2, generator=torch.Generator().manual_seed(0)),)  # two full batches an epoch
     settings = TrainingSettings(accelerator="cpu", compile=True, batch_size=8)
-    state = _Round(torch.nn.Linear(2, 1), loss, settings, 0, 10)
-    state.train_epoch(data)  # its first batch checked right; its second batch wrong, unchecked
-    assert state.gradient_errors == [0.0]
-    with pytest.raises(dpsbi.inference.training.CompiledGradientError, match="two checked batches in a row"):
-        state.train_epoch(data)  # its first batch checked wrong (that step eager), then its second
+    state = _Round(torch.nn.Linear(2, 1), loss, settings, 0, 100)
+    state.train_epoch(data)  # its first batch checked right; its second compiled, unchecked
+    assert state.gradient_errors == [0.0] and state.next_check == 1 + COMPILED_CHECK_STEPS
+    calls.clear()  # 49 more epochs: no check before step 101
+    for _ in range(49):
+        state.train_epoch(data)
+    assert state.gradient_errors == [0.0] and len(calls) == 98
+    state.train_epoch(data)  # step 101 checked
+    assert len(state.gradient_errors) == 2 and state.next_check == 101 + COMPILED_CHECK_STEPS
+
+    monkeypatch.setattr(dpsbi.inference.training, "COMPILED_CHECK_STEPS", 3)
+    state = _Round(torch.nn.Linear(2, 1), loss, settings, 0, 100)
+    state.train_epoch(data)  # steps 1 (checked right) and 2 (compiled, right)
+    wrong.append(True)
+    state.train_epoch(data)  # step 3 compiled, wrong and unchecked; step 4 checked: off once, its step eager
+    assert state.doubted and state.gradient_errors == [0.0, pytest.approx(1.0)]
+    with pytest.raises(
+        dpsbi.inference.training.CompiledGradientError,
+        match=r"two checked batches in a row \(the second at step 5\)",
+    ):
+        state.train_epoch(data)
 
 
 @pytest.mark.parametrize("wrong_calls", [{1}, {1, 2}])

@@ -47,6 +47,7 @@ from .training import (
     TrainingSettings,
     fit_flow,
     planned_steps,
+    shaped_steps,
     training_device,
     training_threads,
 )
@@ -535,12 +536,9 @@ class SequentialEstimator(abc.ABC):
         (:func:`~dpsbi.inference.training.compiles`)."""
         work = self.step_work(round_index)
         numbers = self.data["round"][~self.data["validation"]] if self.data else None
-        plan = [
-            (i, planned_steps(self.training, int((numbers <= i + 1).sum()))[1]) for i in range(round_index)
-        ]
-        plan.append((round_index, planned_steps(self.training, train_rows)[1]))
-        plan += self.planned_rounds(round_index, train_rows)
-        steps = [steps for j, steps in plan if self.step_work(j) == work]
+        rows = [(i, int((numbers <= i + 1).sum())) for i in range(round_index)]
+        rows += [(round_index, train_rows), *self.planned_rows(round_index, train_rows)]
+        steps = [shaped_steps(self.training, n) for j, n in rows if self.step_work(j) == work]
         return StepKind(work, None if None in steps else sum(steps))
 
     def proposal_draws(self, round_index: int, posterior: Posterior, n: int, seed: int) -> Tensor:
@@ -612,6 +610,14 @@ class SequentialEstimator(abc.ABC):
         """The rounds after the one at ``round_index`` (0-based, training on ``train_rows`` rows) that ``rounds`` and
         ``budget.simulations`` leave, each with its planned steps (``None``: open-ended), as they would run
         without a stop rule: ``[(round index, steps), ...]`` (the fit's time estimate)."""
+        return [
+            (j, planned_steps(self.training, rows)[1])
+            for j, rows in self.planned_rows(round_index, train_rows)
+        ]
+
+    def planned_rows(self, round_index: int, train_rows: int) -> list[tuple[int, int]]:
+        """The rounds after the one at ``round_index`` (0-based, training on ``train_rows`` rows) that ``rounds`` and
+        ``budget.simulations`` leave, each with the training rows it will have: ``[(round index, rows), ...]``."""
         plan, n, rows = [], self.num_simulations, train_rows
         for j in range(round_index + 1, self.rounds):
             size = self.sims_per_round
@@ -621,7 +627,7 @@ class SequentialEstimator(abc.ABC):
             if size < 2 or held_out >= size:
                 break
             n, rows = n + size, rows + size - held_out
-            plan.append((j, planned_steps(self.training, rows)[1]))
+            plan.append((j, rows))
         return plan
 
     def _round_size(self) -> int | None:

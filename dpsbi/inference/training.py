@@ -48,15 +48,16 @@ COMPILE_MIN_STEPS = 2000
 #: defaults' steps saved 1.1-2x it): a little more than compiling the step's one shape into an empty cache takes on
 #: one core (111-137 s for the defaults' steps; from torch's cache 18-25 s; docs/RESULTS.md, "Compiled on the CPU, a
 #: fit at a time" and "One shape a compiled round"). Of the defaults, SPPE's sequential fits on regression (its atomic
-#: rounds), naive Bayes and SIR and every amortized fit reach it; sequential SPLE (3600 steps of 800 evaluations,
-#: 94 s) and regression's first round do not.
+#: rounds), naive Bayes and SIR and every amortized fit reach it; sequential SPLE (3518 steps of 800 evaluations
+#: run compiled, 92 s) and regression's first round do not.
 CPU_COMPILE_MIN_SAVING_S = 150.0
 #: The warning torch 2.13's compiler gives while compiling a loss (forward and backward), about a function of its own
 #: it deprecated: nothing a user can act on, so a compiled fit silences it (and no other).
 COMPILER_NOISE = r"`torch\._prims_common\.check` is deprecated"
 
 #: How far a compiled loss's gradient may lie from the eager one's (the norm of the difference over the eager norm)
-#: on each epoch's first batch, where each compiled round checks it (bf16-mixed: ``COMPILED_GRADIENT_TOLERANCE_MIXED``).
+#: on the batches where a compiled round checks it (:data:`COMPILED_CHECK_STEPS`; bf16-mixed:
+#: ``COMPILED_GRADIENT_TOLERANCE_MIXED``).
 #: Compiled and eager agree to 2e-6-5e-5 where the compiler is right; its bugs have cost 11-78 % (docs/RESULTS.md,
 #: "Compiled on the CPU"). A batch can also lie beyond it with no bug: a spline's log-determinant has a gradient that
 #: jumps at its knots, and a value within a few ulps of a knot lands in one bin eagerly and in the next compiled
@@ -65,6 +66,12 @@ COMPILER_NOISE = r"`torch\._prims_common\.check` is deprecated"
 #: batch beyond it is confirmed on the next batch (:meth:`_Round._checked_step`).
 COMPILED_GRADIENT_TOLERANCE = 1e-3
 COMPILED_GRADIENT_TOLERANCE_MIXED = 3e-2
+#: A compiled round checks its gradient against eager (:data:`COMPILED_GRADIENT_TOLERANCE`) on its first full batch,
+#: then on the first full batch at least this many steps after its last check. A check costs about one eager step
+#: more (a compiled step saves 0.3-0.5 of one), so checks this far apart cost 2-3 % of what compiling saves; checked
+#: at every epoch's first batch instead, sequential rounds of 9 or 10 steps an epoch lost a third of that saving
+#: (docs/RESULTS.md, "A compiled round checks every 100 steps").
+COMPILED_CHECK_STEPS = 100
 
 #: The fields of :class:`TrainingSettings` that belong to the machine.
 DEVICE_FIELDS = ("accelerator", "devices", "precision", "threads", "compile", "cuda_graph")
@@ -103,8 +110,8 @@ class TrainingSettings(Settings):
     robust on a busy machine), ``compile`` (``torch.compile`` the step's loss: ``True``, ``False``, or
     ``"auto"``: on CUDA for a round of at least :data:`COMPILE_MIN_STEPS` steps, on the CPU for a kind of step whose
     steps over the fit save at least :data:`CPU_COMPILE_MIN_SAVING_S` where torch finds a C++ compiler; each
-    compiled round checks its loss's gradient against eager on each epoch's first batch,
-    :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
+    compiled round checks its loss's gradient against eager on a full batch every :data:`COMPILED_CHECK_STEPS`
+    steps, :data:`COMPILED_GRADIENT_TOLERANCE`) and ``cuda_graph`` (capture the
     whole step, backward, clipping and Adam included, as a CUDA graph at its first batch and replay it for the
     rest of the round: no compiling, and one launch a step instead of thousands; ``True``, ``False``, or
     ``"auto"``: on CUDA where the loss is not compiled, in 32- or 64-bit precision)."""
@@ -223,6 +230,14 @@ def first_batch(rows: int, batch_size: int) -> int:
     return batch_size if rows >= 2 * batch_size else rows
 
 
+def shaped_steps(settings: TrainingSettings, rows: int) -> int | None:
+    """Of a round's :func:`planned_steps` on ``rows`` training rows, those on its epochs' first batch's shape
+    (:func:`first_batch`), which a compiled round runs compiled: all but each epoch's larger last batch."""
+    per_epoch, steps = planned_steps(settings, rows)
+    larger_last = rows >= 2 * settings.batch_size and rows % settings.batch_size != 0
+    return None if steps is None else steps // per_epoch * (per_epoch - larger_last)
+
+
 def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
     """Slices of the row order ``order (n,)`` into batches of ``batch_size`` rows; a trailing partial batch joins
     the one before it, so no batch has fewer than ``batch_size`` rows (unless there are fewer rows in all): the
@@ -235,7 +250,8 @@ def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
 @dataclass(frozen=True)
 class StepKind:
     """A kind of training step (one shape: a step of ``evaluations`` flow evaluations) and ``fit_steps``, how many
-    of them the whole fit takes (all its rounds of that kind; ``None``: open-ended)."""
+    of them the whole fit takes (all its rounds of that kind, each epoch's larger last batch left out:
+    :func:`shaped_steps`; ``None``: open-ended)."""
 
     evaluations: float
     fit_steps: int | None
@@ -350,7 +366,8 @@ class _Round:
         if compiled:
             mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")  # CUDA graphs
             compute = torch.compile(compute, fullgraph=True, dynamic=False, mode=mode)
-        self.compute, self.unchecked, self.fell_back, self.doubted = compute, True, False, False
+        self.compute, self.fell_back, self.doubted = compute, False, False
+        self.next_check = 0  # the step count from which the next full batch is checked (a compiled round)
         self.gradient_errors: list[float] = []  # each check's relative error of the compiled gradient
         dtype = str(settings.precision)
         self.autocast = (
@@ -388,7 +405,7 @@ class _Round:
         # one shape compiled, the epoch's first batch's: its last batch, larger where the rows do not divide into
         # batches, runs eagerly (a second shape would cost a second compile, 111-137 s cold on a core)
         compiled = self.compiled and rows.shape[0] == first_batch(data[0].shape[0], self.settings.batch_size)
-        checking = compiled and self.unchecked
+        checking = compiled and self.count >= self.next_check
         value = self._checked_step(batch, draws) if checking else None
         if value is None:  # not compiled, or a batch off and not yet confirmed: this step eager
             value = self._backward(
@@ -412,8 +429,9 @@ class _Round:
         return value
 
     def _checked_step(self, batch: tuple[Tensor, ...], draws: tuple[Tensor, ...]) -> Tensor | None:
-        """The compiled loss's gradient against the eager one's on each epoch's first full batch (compiled at the
-        round's first check, with torch's own deprecation warning silenced; one read on the host a check). Where the
+        """The compiled loss's gradient against the eager one's on a full batch (the round's first, then one every
+        :data:`COMPILED_CHECK_STEPS` steps; compiled at the round's first check, with torch's own deprecation warning
+        silenced; one read on the host a check). Where the
         step may run compiled, returns the compiled loss, its gradient left in the flow (the step's own: computing it
         again would give the same); ``None`` where the step is to run eagerly. Beyond
         :data:`COMPILED_GRADIENT_TOLERANCE` on two checked batches in a row, ``compile=True`` raises
@@ -423,7 +441,7 @@ class _Round:
         gradient on the other side of the knot compiled than eager, with no bug (:data:`COMPILED_GRADIENT_TOLERANCE`;
         2 of 150 noise draws of one batch at the conjugate Gaussian's amortized SPLE's last round), where a wrong
         compiler (11-78 % on every batch) fails the next batch too."""
-        self.unchecked = False
+        self.next_check = self.count + COMPILED_CHECK_STEPS
         eager = self._gradient(self.loss.compute, batch, draws)[1]
         try:
             with _compiler_quiet():
@@ -445,7 +463,7 @@ class _Round:
             return value
         if not self.doubted:  # confirmed (or not) on the next full batch
             self.doubted = True
-            self.unchecked = True
+            self.next_check = self.count + 1
             return None
         where = f"{error:.2%} off the eager one's on two checked batches in a row (the second at step {self.count})"
         if self.settings.compile is True:
@@ -501,7 +519,6 @@ class _Round:
         """One epoch of steps; returns the epoch's summed ``loss x rows`` and the index of its first non-finite
         step (``-1``: none), both on the device."""
         device = data[0].device
-        self.unchecked = True  # a compiled loss is checked again at the epoch's first full batch
         order = torch.randperm(data[0].shape[0], generator=self.shuffle, device=device)
         total = torch.zeros((), device=device)
         first_bad = torch.full((), -1, dtype=torch.long, device=device)
