@@ -357,11 +357,19 @@ def test_a_compiled_round_compiles_one_shape(monkeypatch):
 def test_a_kind_of_step_counts_the_steps_that_run_compiled():
     """``compile="auto"`` prices a kind of step by the steps a compiled round runs compiled (``shaped_steps``): a
     round's planned steps but each epoch's larger last batch (SPLE's first round: 950 rows, 9 batches an epoch, 56
-    epochs under ``max_steps=500``)."""
+    epochs under ``max_steps=500``), summed over the fit's rounds of that kind (sequential SPLE's default fit on
+    regression: 7 rounds of 950 more rows each)."""
     settings = TrainingSettings(batch_size=100, max_steps=500)
     assert dpsbi.inference.training.planned_steps(settings, 950) == (9, 504)
     assert [shaped_steps(settings, rows) for rows in (950, 1900, 150, 99)] == [56 * 8, 19 * 27, 500, 500]
     assert shaped_steps(TrainingSettings(batch_size=100, max_steps=None, lr_schedule="constant"), 950) is None
+    estimator = dpsbi.SPLE(dpsbi.tasks.load("regression", epsilon=1.0), progress=False)
+    rows = [950 * (r + 1) for r in range(estimator.rounds)]
+    assert estimator.step_kind(0, 950) == StepKind(
+        800, sum(shaped_steps(estimator.training, n) for n in rows)
+    )
+    planned = sum(dpsbi.inference.training.planned_steps(estimator.training, n)[1] for n in rows)
+    assert estimator.step_kind(0, 950).fit_steps < planned
 
 
 @pytest.mark.parametrize("precision", ["32-true", "64-true", "bf16-mixed"])

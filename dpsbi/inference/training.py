@@ -49,7 +49,7 @@ COMPILE_MIN_STEPS = 2000
 #: one core (111-137 s for the defaults' steps; from torch's cache 18-25 s; docs/RESULTS.md, "Compiled on the CPU, a
 #: fit at a time" and "One shape a compiled round"). Of the defaults, SPPE's sequential fits on regression (its atomic
 #: rounds), naive Bayes and SIR and every amortized fit reach it; sequential SPLE (3518 steps of 800 evaluations
-#: run compiled, 92 s) and regression's first round do not.
+#: run compiled, 91 s) and regression's first round do not.
 CPU_COMPILE_MIN_SAVING_S = 150.0
 #: The warning torch 2.13's compiler gives while compiling a loss (forward and backward), about a function of its own
 #: it deprecated: nothing a user can act on, so a compiled fit silences it (and no other).
@@ -234,8 +234,8 @@ def shaped_steps(settings: TrainingSettings, rows: int) -> int | None:
     """Of a round's :func:`planned_steps` on ``rows`` training rows, those on its epochs' first batch's shape
     (:func:`first_batch`), which a compiled round runs compiled: all but each epoch's larger last batch."""
     per_epoch, steps = planned_steps(settings, rows)
-    larger_last = rows >= 2 * settings.batch_size and rows % settings.batch_size != 0
-    return None if steps is None else steps // per_epoch * (per_epoch - larger_last)
+    larger_last = first_batch(rows, settings.batch_size) < rows and rows % settings.batch_size != 0
+    return None if steps is None else steps // per_epoch * (per_epoch - int(larger_last))
 
 
 def batches(order: Tensor, batch_size: int) -> Iterator[Tensor]:
