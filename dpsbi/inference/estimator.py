@@ -529,10 +529,11 @@ class SequentialEstimator(abc.ABC):
 
     def step_kind(self, round_index: int, train_rows: int) -> StepKind:
         """The kind of step of the round at ``round_index`` (0-based, training on ``train_rows`` rows): its
-        :meth:`step_work`, and the steps the fit plans of that work over all its rounds (the finished ones at what
-        their stored training rows planned, early stopping aside, so that every round of a kind sees one total;
-        the later ones as :meth:`planned_rounds` plans them, a stop rule or a budget of seconds aside; ``None``
-        where one is open-ended). ``compile="auto"`` decides on it on the CPU
+        :meth:`step_work`, and the steps of its shape the fit plans of that work over all its rounds
+        (:func:`~dpsbi.inference.training.shaped_steps`; the finished rounds at what their stored training rows
+        planned, early stopping aside, so that every round of a kind sees one total; the later ones on the rows
+        :meth:`planned_rows` gives them, a stop rule or a budget of seconds aside; ``None`` where one is
+        open-ended). ``compile="auto"`` decides on it on the CPU
         (:func:`~dpsbi.inference.training.compiles`)."""
         work = self.step_work(round_index)
         numbers = self.data["round"][~self.data["validation"]] if self.data else None
