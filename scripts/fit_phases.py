@@ -3,11 +3,13 @@
 
 Fits the estimator at its defaults (``--rounds`` of them; ``--compile`` sets ``training.compile``) and writes a row
 a round: the round's wall seconds and steps, and the CPU seconds of its phases: ``simulate`` (the round's
-simulations and proposal draws), ``fit_flow`` (training), within it ``train_epoch`` (the gradient steps),
-``validation`` (the validation losses), ``checks`` (a compiled round's gradient checks, its compile included:
-the first check compiles) and ``backward`` (every loss and backward pass, checks included). ``--check-every-epoch``
-checks the compiled gradient at every epoch's first full batch, the cadence before the forty-fourth session
-(``COMPILED_CHECK_STEPS``), to price it. Set ``TORCHINDUCTOR_CACHE_DIR`` to choose torch's compile cache.
+simulations and proposal draws), within it ``truncated`` (a truncated proposal's draws) and within that
+``threshold`` (the density threshold's posterior draws and densities), ``fit_flow`` (training), within it
+``train_epoch`` (the gradient steps), ``validation`` (the validation losses), ``checks`` (a compiled round's
+gradient checks, its compile included: the first check compiles) and ``backward`` (every loss and backward pass,
+checks included). ``--check-every-epoch`` checks the compiled gradient at every epoch's first full batch, the
+cadence before the forty-fourth session (``COMPILED_CHECK_STEPS``), to price it. Set ``TORCHINDUCTOR_CACHE_DIR`` to
+choose torch's compile cache.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ import torch
 
 import dpsbi
 import dpsbi.inference.estimator as estimator_module
+import dpsbi.inference.sppe as sppe_module
 import dpsbi.inference.training as training
+import dpsbi.inference.truncation as truncation
 from dpsbi.experiment.config import build_task
 
 #: ``{phase: (owner, attribute)}``: the functions whose CPU seconds a row reports.
 PHASES = {
     "simulate": (estimator_module.SequentialEstimator, "_simulate"),
+    "truncated": (sppe_module, "truncated_prior_draws"),
+    "threshold": (truncation, "density_threshold"),
     "fit_flow": (estimator_module, "fit_flow"),
     "train_epoch": (training._Round, "train_epoch"),
     "validation": (training._Round, "validation_loss"),

@@ -36,8 +36,8 @@ def posteriors(task):
     return {"sppe": sppe, "sple": sple}
 
 
-def _random_flow_posterior(task, cls=FlowPosterior, **kwargs):
-    """A posterior on an untrained flow whose weights are perturbed away from the identity."""
+def _random_flow_posterior(task, cls=FlowPosterior, backend="dpsbi", **kwargs):
+    """A posterior on an untrained flow (of ``backend``'s layers) whose weights are perturbed away from the identity."""
     torch.manual_seed(0)
     theta = task.prior.sample((50,))
     z = task.transform.inv(theta)
@@ -46,7 +46,7 @@ def _random_flow_posterior(task, cls=FlowPosterior, **kwargs):
         if cls is FlowPosterior
         else (task.release(task.simulate(theta)), z)
     )
-    flow = ConditionalFlow(FlowSettings(transforms=2, hidden=8), inputs, context)
+    flow = ConditionalFlow(FlowSettings(transforms=2, hidden=8, backend=backend), inputs, context)
     with torch.no_grad():
         for p in flow.parameters():
             p.add_(0.2 * torch.randn(p.shape))
@@ -280,9 +280,10 @@ def test_a_changed_registered_task_definition_is_caught(task, tmp_path, monkeypa
 
 
 def _flow_batch_sizes(flow: ConditionalFlow, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record the number of rows of every ``flow.sample`` / ``flow.log_prob`` call."""
+    """Record the number of rows of every ``flow.sample_and_log_prob`` (which ``flow.sample`` calls) / ``flow.log_prob``
+    call."""
     sizes: list[int] = []
-    for name in ("sample", "log_prob"):
+    for name in ("sample_and_log_prob", "log_prob"):
         method = getattr(flow, name)
 
         def spy(x, context, method=method):
@@ -492,6 +493,19 @@ def test_bad_arguments_of_a_posterior_are_refused_in_one_line(task, call, match)
     with pytest.raises(ValueError, match=match) as refused:
         call(_random_flow_posterior(task, amortized=False))
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("backend", ["dpsbi", "nflows"])
+@pytest.mark.parametrize("task_name", ["conjugate_gaussian", "poisson_counts"])
+def test_sample_and_log_prob_gives_samples_draws_and_their_log_prob(task_name, backend):
+    """The draws of ``sample`` under the same seed, bit for bit, and ``log_prob``'s densities at them to float32
+    rounding (Poisson counts: through ``theta = exp(z)``'s log-determinant), in any sample shape."""
+    post = _random_flow_posterior(dpsbi.tasks.load(task_name), backend=backend, amortized=True)
+    theta, log_q = post.sample_and_log_prob((40, 50), seed=3)
+    assert torch.equal(theta, post.sample((40, 50), seed=3))
+    assert log_q.shape == (40, 50) and torch.allclose(log_q, post.log_prob(theta), rtol=0, atol=1e-4)
+    empty = post.sample_and_log_prob((0, 2))
+    assert empty[0].shape == (0, 2, post.task.dim_theta) and empty[1].shape == (0, 2)
 
 
 def test_a_sample_shape_may_be_one_integer_or_hold_a_zero(task):

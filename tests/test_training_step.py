@@ -633,6 +633,8 @@ def test_the_one_hot_spline_is_zukos_spline_value_for_value():
         out.append((y, ladj, back, *grads))
     for a, b in zip(*out, strict=True):
         assert torch.equal(a, b)
+    back, inverse_ladj = OneHotRQSTransform(*params, bound=5.0).inv_and_ladj(out[1][0])
+    assert torch.equal(back, out[1][2]) and torch.allclose(inverse_ladj, out[1][1], rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("dim, context_dim", [(1, 1), (2, 3), (5, 8)])
@@ -649,7 +651,9 @@ def test_the_sync_free_flow_is_a_normalized_invertible_density(dim, context_dim)
         for p in flow.parameters():
             p.add_(0.2 * torch.randn_like(p))
     noise = torch.randn(50, dim, dtype=torch.float64)
-    back = flow.sample(noise, c)
+    back, log_q = flow.sample_and_log_prob(noise, c)
+    assert torch.equal(back, flow.sample(noise, c))
+    assert torch.allclose(log_q, flow.log_prob(back, c), rtol=0, atol=1e-9)
     z, embedded = (back - flow.spline.mean) / flow.spline.std, flow.embedding(c)
     for layer in flow.spline.layers:
         z, _ = layer(z, embedded)

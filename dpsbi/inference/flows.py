@@ -295,13 +295,19 @@ class ConditionalFlow(nn.Module):
     def sample(self, noise: Tensor, context: Tensor) -> Tensor:
         """The deterministic map from base noise ``(..., dim)`` (standard normal draws) to samples of
         ``q(. | c)``, for ``context (..., context_dim)`` broadcasting with it."""
+        return self.sample_and_log_prob(noise, context)[0]
+
+    def sample_and_log_prob(self, noise: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`sample`'s draws ``(..., dim)`` and their ``log q(x | c)`` (the broadcast batch shape) from the
+        same pass through the flow: :meth:`log_prob`'s value to float rounding, for half its cost together."""
         noise, embedded, batch = self._broadcast(noise, context)
         if self.config.backend == "nflows":
             with _nflows_quiet():
-                x, _ = self.net._transform.inverse(noise, context=embedded)
+                x, log_det = self.net._transform.inverse(noise, context=embedded)
+            log_q = self.net._distribution.log_prob(noise, context=embedded) - log_det
         else:
-            x = self.spline.sample(noise, embedded)
-        return x.reshape(batch + (self.dim,))
+            x, log_q = self.spline.sample_and_log_prob(noise, embedded)
+        return x.reshape(batch + (self.dim,)), log_q.reshape(batch)
 
     def _broadcast(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor, torch.Size]:
         """``x`` and the embedded context (z-scoring, then the embedding, applied once per row of ``context``

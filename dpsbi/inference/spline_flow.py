@@ -88,6 +88,20 @@ class OneHotRQSTransform(MonotonicRQSTransform):
         d0, d1 = (self.derivatives * left).sum(-1), (self.derivatives * right).sum(-1)
         return mask, x0, x1, y0, y1, d0, d1, (y1 - y0) / (x1 - x0)
 
+    def inv_and_ladj(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``x = T^-1(y)`` and ``log |dT/dx|`` at that ``x`` (each ``(*)``), from one bin lookup: zuko's
+        ``_inverse`` with the forward slope (``call_and_ladj``'s formula) at the same place in the bin."""
+        k = self.searchsorted(self.vertical, y) - 1
+        mask, x0, x1, y0, y1, d0, d1, s = self.bin(k)
+        y_ = mask * (y - y0)
+        a = (y1 - y0) * (s - d0) + y_ * (d0 + d1 - 2 * s)
+        b = (y1 - y0) * d0 - y_ * (d0 + d1 - 2 * s)
+        c = -s * y_
+        z = 2 * c / (-b - (b**2 - 4 * a * c).sqrt())
+        slope = s**2 * (2 * s * z * (1 - z) + d0 * (1 - z) ** 2 + d1 * z**2)
+        slope = slope / (s + (d0 + d1 - 2 * s) * z * (1 - z)) ** 2
+        return torch.where(mask, x0 + z * (x1 - x0), y), mask * slope.log()
+
 
 def running_sum(x: Tensor) -> Tensor:
     """The running sums of ``x (*, K)`` along its last dimension, computed along the leading one: the values of
@@ -138,10 +152,12 @@ class CouplingSpline(nn.Module):
         y, ladj = spline.call_and_ladj(part)
         return self._with(x, y), ladj.sum(-1)
 
-    def inverse(self, y: Tensor, context: Tensor) -> Tensor:
-        """Towards the data (the kept coordinates are unchanged, so they condition the same spline)."""
+    def inverse(self, y: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Towards the data: ``(x (n, dim), log |det| (n,))``, the log-determinant :meth:`forward`'s at ``x`` (the
+        kept coordinates are unchanged, so they condition the same spline)."""
         spline, part = self._spline(y, context)
-        return self._with(y, spline.inv(part))
+        x, ladj = spline.inv_and_ladj(part)
+        return self._with(y, x), ladj.sum(-1)
 
 
 class LULinear(nn.Module):
@@ -163,14 +179,18 @@ class LULinear(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
         lower, upper = self._factors()
-        ladj = torch.log(upper.diagonal()).sum().expand(x.shape[0])
-        return x @ (lower @ upper).T + self.bias, ladj
+        return x @ (lower @ upper).T + self.bias, self._ladj(upper, x.shape[0])
 
-    def inverse(self, y: Tensor, context: Tensor) -> Tensor:
+    def inverse(self, y: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        """``(x (n, dim), log |det| (n,))``, the log-determinant :meth:`forward`'s."""
         lower, upper = self._factors()
         rhs = (y - self.bias).T
         solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-        return torch.linalg.solve_triangular(upper, solved, upper=True).T
+        return torch.linalg.solve_triangular(upper, solved, upper=True).T, self._ladj(upper, y.shape[0])
+
+    @staticmethod
+    def _ladj(upper: Tensor, n: int) -> Tensor:
+        return torch.log(upper.diagonal()).sum().expand(n)
 
 
 class SplineFlow(nn.Module):
@@ -201,9 +221,12 @@ class SplineFlow(nn.Module):
             total = total + ladj
         return total - 0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi)
 
-    def sample(self, noise: Tensor, features: Tensor) -> Tensor:
-        """The image ``(n, dim)`` of standard normal ``noise (n, dim)`` under the flow's inverse."""
-        x = noise
+    def sample_and_log_prob(self, noise: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
+        """The image ``x (n, dim)`` of standard normal ``noise (n, dim)`` under the flow's inverse and ``log q(x | h)``
+        ``(n,)`` from the same pass (:meth:`log_prob`'s value to float rounding)."""
+        x, total = noise, torch.log(self.std).sum().expand(noise.shape[0])
         for layer in reversed(self.layers):
-            x = layer.inverse(x, features)
-        return x * self.std + self.mean
+            x, ladj = layer.inverse(x, features)
+            total = total - ladj
+        log_q = -0.5 * (noise**2).sum(-1) - 0.5 * noise.shape[-1] * math.log(2 * math.pi) - total
+        return x * self.std + self.mean, log_q

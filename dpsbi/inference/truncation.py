@@ -8,22 +8,22 @@ from torch import Tensor
 
 from ..seeds import seeded_global_streams
 from ..tasks import Task
-from .posterior import Posterior
+from .posterior import FlowPosterior
 from .seeding import derive_seed
 
 #: Prior draws screened per batch.
 BATCH = 100_000
 
 
-def density_threshold(posterior: Posterior, mass: float, draws: int, seed: int) -> Tensor:
-    """The ``mass``-quantile of ``log q(theta | y_obs)`` over ``draws`` posterior draws: its super-level set
-    holds ``1 - mass`` of the posterior (a 0-d tensor)."""
-    theta = posterior.sample((draws,), seed=seed)
-    return torch.quantile(posterior.log_prob(theta).double(), mass)
+def density_threshold(posterior: FlowPosterior, mass: float, draws: int, seed: int) -> Tensor:
+    """The ``mass``-quantile of ``log q(theta | y_obs)`` over ``draws`` posterior draws (their densities from the
+    pass that drew them): its super-level set holds ``1 - mass`` of the posterior (a 0-d tensor)."""
+    _, log_q = posterior.sample_and_log_prob((draws,), seed=seed)
+    return torch.quantile(log_q.double(), mass)
 
 
 def truncated_prior_draws(
-    task: Task, posterior: Posterior, n: int, mass: float, draws: int, max_prior_draws: int, seed: int
+    task: Task, posterior: FlowPosterior, n: int, mass: float, draws: int, max_prior_draws: int, seed: int
 ) -> Tensor:
     """``n`` draws ``(n, dim_theta)`` of the prior restricted to the region where the posterior's density at
     ``task.y_obs`` is at least :func:`density_threshold`; prior draws are screened in batches of
