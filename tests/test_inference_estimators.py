@@ -101,6 +101,47 @@ def test_truncated_sppe_matches_the_exact_private_posterior_and_proposes_inside_
     ).float().mean() > 0.002  # the cut removes ~1 % of this prior
 
 
+class _BallPosterior:
+    """A stand-in posterior at ``y_obs``: a normal over ``(2,)`` of sd ``scale`` (its threshold cuts a ball)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.normal = torch.distributions.Independent(torch.distributions.Normal(torch.zeros(2), scale), 1)
+
+    def sample_and_log_prob(self, shape, seed):
+        theta = self.scale * torch.randn(*shape, 2, generator=torch.Generator().manual_seed(seed))
+        return theta, self.normal.log_prob(theta)
+
+    def log_prob(self, theta):
+        return self.normal.log_prob(theta)
+
+
+@pytest.mark.parametrize(
+    "scale, sizes",
+    [(1.0, [10_000]), (1e-3, [10_000, 100_000, 100_000])],  # the ball holds 99 % of the prior, and 5e-6
+)
+def test_truncated_draws_screen_batches_sized_by_the_share_kept(task, scale, sizes, monkeypatch):
+    """Every draw kept lies in the region, and the batches follow ``next_batch``: a first one of FIRST_BATCH, then
+    MARGIN times what the share kept so far says the rest needs, within FIRST_BATCH and BATCH; none kept: BATCH."""
+    from dpsbi.inference import truncation
+    from dpsbi.inference.seeding import derive_seed
+
+    assert truncation.next_batch(200, 0.08) == truncation.FIRST_BATCH
+    assert truncation.next_batch(736, 0.0264) == 33_455  # ceil(1.2 * 736 / 0.0264)
+    assert truncation.next_batch(1, 1e-6) == truncation.next_batch(5, 0.0) == truncation.BATCH
+    posterior, screened = _BallPosterior(scale), []
+    sample = task.prior.sample
+    monkeypatch.setattr(task.prior, "sample", lambda shape: screened.append(shape[0]) or sample(shape))
+    if scale < 1:
+        with pytest.raises(RuntimeError, match=r"truncated prior: \d of 50 draws in 210000 prior draws"):
+            truncation.truncated_prior_draws(task, posterior, 50, 1e-2, 10_000, 200_000, seed=0)
+    else:
+        theta = truncation.truncated_prior_draws(task, posterior, 400, 1e-2, 10_000, 10**7, seed=0)
+        threshold = truncation.density_threshold(posterior, 1e-2, 10_000, derive_seed(0, "threshold"))
+        assert theta.shape == (400, 2) and (posterior.log_prob(theta) >= threshold).all()
+    assert screened == sizes
+
+
 def test_sir_truncates_its_sequential_proposals_by_default_and_atomic_apt_is_one_argument_away():
     """SIR's and naive Bayes' sequential SPPE fits are TSNPE at 1e-4 where the call leaves ``truncate`` out
     (``Task.sequential_recipe``, docs/RESULTS.md "SIR's wide tails", "Naive Bayes and regression: the atomic fits'
