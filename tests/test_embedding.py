@@ -42,7 +42,7 @@ def test_densities_and_samples_are_the_backends_own_with_the_context_embedded_on
         expected_x, _ = flow.net._transform.inverse(noise.reshape(-1, 3), context=embedded)
     else:
         expected = flow.spline.log_prob(flat_x, embedded)
-        expected_x = flow.spline.sample(noise.reshape(-1, 3), embedded)
+        expected_x, _ = flow.spline.sample_and_log_prob(noise.reshape(-1, 3), embedded)
     assert torch.allclose(flow.log_prob(x, context), expected.reshape(5, 7, 4), atol=1e-5)
     assert torch.allclose(flow.sample(noise, context), expected_x.reshape(5, 7, 4, 3), atol=1e-5)
 

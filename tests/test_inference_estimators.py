@@ -118,13 +118,19 @@ class _BallPosterior:
 
 @pytest.mark.parametrize(
     "scale, sizes",
-    [(1.0, [10_000]), (1e-3, [10_000, 100_000, 100_000])],  # the ball holds 99 % of the prior, and 5e-6
+    [
+        (1.0, [10_000]),
+        (0.066, None),
+        (1e-3, [10_000, 100_000, 90_000]),
+    ],  # the ball: 99 %, 2 %, 5e-6 of the prior
 )
 def test_truncated_draws_screen_batches_sized_by_the_share_kept(task, scale, sizes, monkeypatch):
     """Every draw kept lies in the region, and the batches follow ``next_batch``: a first one of FIRST_BATCH, then
-    MARGIN times what the share kept so far says the rest needs, within FIRST_BATCH and BATCH; none kept: BATCH."""
+    MARGIN times what the share kept so far says the rest needs, within FIRST_BATCH and BATCH (none kept: BATCH),
+    never past ``max_prior_draws`` in all."""
     from dpsbi.inference import truncation
     from dpsbi.inference.seeding import derive_seed
+    from dpsbi.seeds import seeded_global_streams
 
     assert truncation.next_batch(200, 0.08) == truncation.FIRST_BATCH
     assert truncation.next_batch(736, 0.0264) == 33_455  # ceil(1.2 * 736 / 0.0264)
@@ -132,13 +138,18 @@ def test_truncated_draws_screen_batches_sized_by_the_share_kept(task, scale, siz
     posterior, screened = _BallPosterior(scale), []
     sample = task.prior.sample
     monkeypatch.setattr(task.prior, "sample", lambda shape: screened.append(shape[0]) or sample(shape))
-    if scale < 1:
-        with pytest.raises(RuntimeError, match=r"truncated prior: \d of 50 draws in 210000 prior draws"):
+    threshold = truncation.density_threshold(posterior, 1e-2, 10_000, derive_seed(0, "threshold"))
+    if scale < 0.01:
+        with pytest.raises(RuntimeError, match=r"truncated prior: \d of 50 draws in 200000 prior draws"):
             truncation.truncated_prior_draws(task, posterior, 50, 1e-2, 10_000, 200_000, seed=0)
     else:
-        theta = truncation.truncated_prior_draws(task, posterior, 400, 1e-2, 10_000, 10**7, seed=0)
-        threshold = truncation.density_threshold(posterior, 1e-2, 10_000, derive_seed(0, "threshold"))
-        assert theta.shape == (400, 2) and (posterior.log_prob(theta) >= threshold).all()
+        theta = truncation.truncated_prior_draws(task, posterior, 1000, 1e-2, 10_000, 10**7, seed=0)
+        assert theta.shape == (1000, 2) and (posterior.log_prob(theta) >= threshold).all()
+    if sizes is None:  # the second batch from the first's share kept (about 2 %: some 48 000 draws)
+        with seeded_global_streams(derive_seed(0, "truncated", 0)):
+            kept = int((posterior.log_prob(sample((10_000,))) >= threshold).sum())
+        sizes = [10_000, truncation.next_batch(1000 - kept, kept / 10_000)]
+        assert 40_000 < sizes[1] < 60_000
     assert screened == sizes
 
 

@@ -37,7 +37,8 @@ def posteriors(task):
 
 
 def _random_flow_posterior(task, cls=FlowPosterior, backend="dpsbi", **kwargs):
-    """A posterior on an untrained flow (of ``backend``'s layers) whose weights are perturbed away from the identity."""
+    """A posterior on an untrained flow (of ``backend``'s layers) whose weights are perturbed away from the
+    identity."""
     torch.manual_seed(0)
     theta = task.prior.sample((50,))
     z = task.transform.inv(theta)
@@ -280,8 +281,8 @@ def test_a_changed_registered_task_definition_is_caught(task, tmp_path, monkeypa
 
 
 def _flow_batch_sizes(flow: ConditionalFlow, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record the number of rows of every ``flow.sample_and_log_prob`` (which ``flow.sample`` calls) / ``flow.log_prob``
-    call."""
+    """Record the number of rows of every ``flow.sample_and_log_prob`` (which ``flow.sample`` calls) /
+    ``flow.log_prob`` call."""
     sizes: list[int] = []
     for name in ("sample_and_log_prob", "log_prob"):
         method = getattr(flow, name)
@@ -496,16 +497,27 @@ def test_bad_arguments_of_a_posterior_are_refused_in_one_line(task, call, match)
 
 
 @pytest.mark.parametrize("backend", ["dpsbi", "nflows"])
-@pytest.mark.parametrize("task_name", ["conjugate_gaussian", "poisson_counts"])
+@pytest.mark.parametrize("task_name", ["conjugate_gaussian", "poisson_counts", "naive_bayes"])
 def test_sample_and_log_prob_gives_samples_draws_and_their_log_prob(task_name, backend):
     """The draws of ``sample`` under the same seed, bit for bit, and ``log_prob``'s densities at them to float32
-    rounding (Poisson counts: through ``theta = exp(z)``'s log-determinant), in any sample shape."""
+    rounding (Poisson counts: through ``theta = exp(z)``'s log-determinant; naive Bayes: through stick-breaking), in
+    any sample shape."""
     post = _random_flow_posterior(dpsbi.tasks.load(task_name), backend=backend, amortized=True)
     theta, log_q = post.sample_and_log_prob((40, 50), seed=3)
     assert torch.equal(theta, post.sample((40, 50), seed=3))
     assert log_q.shape == (40, 50) and torch.allclose(log_q, post.log_prob(theta), rtol=0, atol=1e-4)
     empty = post.sample_and_log_prob((0, 2))
     assert empty[0].shape == (0, 2, post.task.dim_theta) and empty[1].shape == (0, 2)
+
+
+def test_sample_and_log_prob_is_log_probs_own_where_float32_moves_a_draw():
+    """A flow spread ten times wider puts naive Bayes' draws so near a simplex's edge that rounding theta to float32
+    moves its unconstrained point (the densities from the drawing pass were up to 57 nats off ``log_prob``'s)."""
+    post = _random_flow_posterior(dpsbi.tasks.load("naive_bayes"), amortized=True)
+    with torch.no_grad():
+        post.flow.spline.std.mul_(10)
+    theta, log_q = post.sample_and_log_prob((2000,), seed=0)
+    assert torch.allclose(log_q, post.log_prob(theta), rtol=0, atol=1e-3)
 
 
 def test_a_sample_shape_may_be_one_integer_or_hold_a_zero(task):

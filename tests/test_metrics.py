@@ -147,9 +147,11 @@ def test_calibration_of_a_flow_posterior_costs_one_flow_call(conjugate, monkeypa
     flow = ConditionalFlow(FlowSettings(transforms=1, hidden=8), theta, conjugate.simulate_release(theta))
     post = FlowPosterior(conjugate, flow, "SPPE", amortized=True)
     rows = []
-    sample = flow.sample
+    sample = flow.sample_and_log_prob  # the flow's drawing pass
     monkeypatch.setattr(
-        flow, "sample", lambda noise, context: rows.append(noise.shape[:-1].numel()) or sample(noise, context)
+        flow,
+        "sample_and_log_prob",
+        lambda noise, context: rows.append(noise.shape[:-1].numel()) or sample(noise, context),
     )
     result = metrics.calibration(post, conjugate, num_runs=50, num_posterior_samples=100, progress=False)
     assert rows == [50 * 100]

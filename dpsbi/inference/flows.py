@@ -299,7 +299,8 @@ class ConditionalFlow(nn.Module):
 
     def sample_and_log_prob(self, noise: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`sample`'s draws ``(..., dim)`` and their ``log q(x | c)`` (the broadcast batch shape) from the
-        same pass through the flow: :meth:`log_prob`'s value to float rounding, for half its cost together."""
+        same pass through the flow (:meth:`log_prob`'s value to float rounding where the flow inverts well in its
+        dtype), in about the time of :meth:`sample` alone."""
         noise, embedded, batch = self._broadcast(noise, context)
         if self.config.backend == "nflows":
             with _nflows_quiet():

@@ -539,35 +539,39 @@ class FlowPosterior(Posterior):
         epsilon: float | None = None,
         x: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """:meth:`sample`'s draws ``sample_shape + (dim_theta,)`` (the same ones under the same seed) and their log
-        densities ``sample_shape`` from the pass that made them: :meth:`log_prob`'s values to float rounding, in
-        about half the time of the two calls (a draw that rounds onto the edge of the prior's support keeps a
-        finite density here, where :meth:`log_prob` gives ``-inf``)."""
+        """:meth:`sample`'s draws ``sample_shape + (dim_theta,)`` (the same ones under the same seed) and their
+        :meth:`log_prob` ``sample_shape``, in about the time of :meth:`sample` alone: each density comes from the
+        pass that draws it (equal to :meth:`log_prob`'s to float rounding), except where rounding ``theta`` to its
+        dtype moved it off the point drawn (at the edge of the prior's support, where ``log_prob`` of the rounded
+        ``theta`` can be many nats away, or ``-inf``): there it is :meth:`log_prob`'s own."""
         shape = _sample_shape(sample_shape)
         y = self._conditions(_release_or_x(y, x, "sample_and_log_prob"), epsilon, single=True)
         if shape.numel() == 0:
-            return self._draw(shape, y, None)[..., 0, :], torch.empty(shape, device=self.space.device)
+            empty = torch.empty(shape + (self.task.dim_theta,), device=self.space.device)
+            return empty, empty[..., 0]
         z, log_q = self._z_and_log_prob(shape.numel(), y, self._noise_generator(generator, seed))
-        theta = self._finite(self.space.to_theta(z)[:, 0])
+        z, log_q = z[:, 0], log_q[:, 0]
+        theta = self._finite(self.space.to_theta(z))
+        moved = ~torch.isclose(self.space.to_z(theta), z, rtol=1e-5, atol=1e-5).all(-1)
+        if moved.any():
+            log_q[moved] = self._log_prob(theta[moved], y)
         return theta.reshape(shape + theta.shape[-1:]), log_q.reshape(shape)
 
     def _sample_z(self, n: int, y: Tensor, generator: torch.Generator | None) -> Tensor:
         return self._z_and_log_prob(n, y, generator)[0]
 
     def _z_and_log_prob(self, n: int, y: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """Draws ``(n, B, dim)`` at each checked release of ``y (B, dim_s)`` and their log densities ``(n, B)`` in the
-        prior's space (as :meth:`_log_prob_z`). All the base noise first, then mapped chunk by chunk: the chunking
-        changes the draws by float round-off at most (matrix products round differently with the number of rows),
-        never the noise."""
+        """Draws ``(n, B, dim)`` at each checked release of ``y (B, dim_s)`` and their log densities ``(n, B)`` in
+        the prior's space (as :meth:`_log_prob_z`). All the base noise first, then mapped chunk by chunk: the
+        chunking changes the draws by float round-off at most (matrix products round differently with the number
+        of rows), never the noise."""
         noise = torch.randn(
             n, y.shape[0], self.flow.dim, generator=generator, device=generator.device if generator else None
         )
-        chunks = [
-            self.flow.sample_and_log_prob(chunk.to(self.device), y)
-            for chunk in noise.split(max(1, CHUNK_ROWS // y.shape[0]))
-        ]
-        z = torch.cat([chunk[0] for chunk in chunks])
-        return z, torch.cat([chunk[1] for chunk in chunks]) - self.device_space.log_abs_det(z)
+        z, log_q = _in_chunks(
+            lambda chunk: self.flow.sample_and_log_prob(chunk.to(self.device), y), noise, width=y.shape[0]
+        )
+        return z, log_q - self.device_space.log_abs_det(z)
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
         return self.flow.log_prob(z, y) - self.device_space.log_abs_det(z)
@@ -746,11 +750,12 @@ def _sample_shape(sample_shape) -> torch.Size:
     return torch.Size(int(d) for d in dims)
 
 
-def _in_chunks(fn: Callable[[Tensor], Tensor], rows: Tensor, width: int = 1) -> Tensor:
-    """``fn`` applied to ``rows (n, ...)`` in chunks, the results ``(chunk, ...)`` concatenated to ``(n, ...)``.
-    A row stands for ``width`` flow rows (one per release), so a chunk holds at most ``max(CHUNK_ROWS, width)``
-    flow rows."""
-    return torch.cat([fn(chunk) for chunk in rows.split(max(1, CHUNK_ROWS // width))])
+def _in_chunks(fn: Callable[[Tensor], Tensor | tuple[Tensor, ...]], rows: Tensor, width: int = 1):
+    """``fn`` applied to ``rows (n, ...)`` in chunks, the results ``(chunk, ...)`` (or each of a tuple of them)
+    concatenated to ``(n, ...)``. A row stands for ``width`` flow rows (one per release), so a chunk holds at most
+    ``max(CHUNK_ROWS, width)`` flow rows."""
+    parts = [fn(chunk) for chunk in rows.split(max(1, CHUNK_ROWS // width))]
+    return tuple(map(torch.cat, zip(*parts))) if isinstance(parts[0], tuple) else torch.cat(parts)
 
 
 def _as_trained(task: Task, recorded: dict | None) -> Task:

@@ -1,10 +1,10 @@
-"""A conditional neural spline flow with no host synchronization: the architecture of sbi's ``build_nsf`` (the
-main paper's) built from zuko's rational-quadratic spline, whose bins are found by comparison sums and whose tails
-are a ``torch.where``, so that ``log_prob``, ``sample`` and their gradients never wait for the device and trace
-whole with ``torch.compile(fullgraph=True)``. The knots of a value's bin are picked by a one-hot product, not
-``gather``, and a coupling's halves are strided slices, not ``index_select`` / ``index_copy``: the same values,
-and a backward pass without atomic adds, so that torch's deterministic mode (a fit on CUDA) has nothing to
-replace with slower kernels.
+"""A conditional neural spline flow with no host synchronization: the architecture of sbi's ``build_nsf`` (the main
+paper's) built from zuko's rational-quadratic spline, whose bins are found by comparison sums and whose tails are a
+``torch.where``, so that ``log_prob``, ``sample_and_log_prob`` and their gradients never wait for the device and
+trace whole with ``torch.compile(fullgraph=True)``. The knots of a value's bin are picked by a one-hot product, not
+``gather``, and a coupling's halves are strided slices, not ``index_select`` / ``index_copy``: the same values, and
+a backward pass without atomic adds, so that torch's deterministic mode (a fit on CUDA) has nothing to replace with
+slower kernels.
 
 Layers, from the data to the base noise: the z-scoring of the data, then ``transforms`` times a coupling spline
 (alternating halves) followed by an LU-factorized linear map (when ``dim > 1``); the base is a standard normal.
@@ -190,6 +190,7 @@ class LULinear(nn.Module):
 
     @staticmethod
     def _ladj(upper: Tensor, n: int) -> Tensor:
+        """``log |det W|`` from the factor ``upper``, for each of ``n`` rows ``(n,)``."""
         return torch.log(upper.diagonal()).sum().expand(n)
 
 
@@ -222,8 +223,9 @@ class SplineFlow(nn.Module):
         return total - 0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi)
 
     def sample_and_log_prob(self, noise: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
-        """The image ``x (n, dim)`` of standard normal ``noise (n, dim)`` under the flow's inverse and ``log q(x | h)``
-        ``(n,)`` from the same pass (:meth:`log_prob`'s value to float rounding)."""
+        """The image ``x (n, dim)`` of standard normal ``noise (n, dim)`` under the flow's inverse and
+        ``log q(x | h)`` ``(n,)`` from the same pass (:meth:`log_prob`'s value to float rounding, where the flow
+        inverts well in its dtype)."""
         x, total = noise, torch.log(self.std).sum().expand(noise.shape[0])
         for layer in reversed(self.layers):
             x, ladj = layer.inverse(x, features)

@@ -33,8 +33,9 @@ def truncated_prior_draws(
 ) -> Tensor:
     """``n`` draws ``(n, dim_theta)`` of the prior restricted to the region where the posterior's density at
     ``task.y_obs`` is at least :func:`density_threshold`, screened from prior draws in batches sized by
-    :func:`next_batch` (each seeded by its index). Raises ``RuntimeError`` when ``max_prior_draws`` prior draws do
-    not give ``n`` (the region holds too little prior mass: use atomic proposals)."""
+    :func:`next_batch` (each seeded by its index; at most ``max_prior_draws`` in all). Raises ``RuntimeError`` when
+    ``max_prior_draws`` prior draws do not give ``n`` (the region holds too little prior mass: use atomic
+    proposals)."""
     threshold = density_threshold(posterior, mass, draws, derive_seed(seed, "threshold"))
     kept, found, screened, size = [], 0, 0, FIRST_BATCH
     while found < n:
@@ -48,7 +49,7 @@ def truncated_prior_draws(
         inside = posterior.log_prob(theta).double() >= threshold  # on the flow's device
         kept.append(theta[inside.to(theta.device)])
         found, screened = found + kept[-1].shape[0], screened + size
-        size = next_batch(n - found, found / screened)
+        size = min(next_batch(n - found, found / screened), max_prior_draws - screened)
     return torch.cat(kept)[:n]
 
 
