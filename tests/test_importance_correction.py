@@ -153,6 +153,10 @@ def test_the_proposal_is_the_defensive_mixture_of_flow_and_prior(rough):
     flow_mean = rough.sample((40_000,), y=RELEASE, epsilon=EPSILON, seed=1).mean(0)
     # a quarter of the draws come from the prior (mean 0); 4 standard errors of two means of 40 000 draws
     torch.testing.assert_close(draws.mean(0), 0.75 * flow_mean, atol=0.04, rtol=0)
+    torch.manual_seed(0)
+    again, log_prob = proposal.sample_and_log_prob((40_000,))  # the flow's density from its drawing pass
+    assert torch.equal(again, draws) and log_prob.shape == (40_000,)
+    torch.testing.assert_close(log_prob, proposal.log_prob(draws), atol=1e-4, rtol=0)
 
 
 def test_bad_settings_are_refused_in_one_line(rough):

@@ -136,9 +136,9 @@ def corrected(
                 bar.update(chunk.shape[0])
             return torch.cat(parts)
 
-        theta = first.sample((n_first,)).to(prior_device(task.prior))  # a flow on the GPU draws there
-        log_p = log_target(theta)
-        log_q = first.log_prob(theta).double()
+        theta, log_q = first.sample_and_log_prob((n_first,))  # a flow on the GPU draws there
+        theta = theta.to(prior_device(task.prior))
+        log_p, log_q = log_target(theta), log_q.to(theta.device, torch.float64)
         first_weights = normalize(log_p - log_q, "corrected")
         ess_first = kish_ess(first_weights)
         second = (
@@ -149,7 +149,7 @@ def corrected(
         if n_second:
             extra = (first if second is None else second).sample((n_second,)).to(theta)
             theta, log_p = torch.cat([theta, extra]), torch.cat([log_p, log_target(extra)])
-            log_q = torch.cat([log_q, first.log_prob(extra).double()])
+            log_q = torch.cat([log_q, first.log_prob(extra).to(theta.device, torch.float64)])
             if second is not None:  # the balance heuristic: every draw against both proposals in their shares
                 share = n_first / int(num_draws)
                 log_q = torch.logaddexp(

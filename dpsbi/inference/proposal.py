@@ -49,16 +49,34 @@ class DefensiveProposal(Distribution):
         return self.posterior.task.prior.support
 
     def sample(self, sample_shape=torch.Size()) -> Tensor:
-        shape = torch.Size(sample_shape)
-        with _warned_once():
-            flow = self.posterior.sample(shape, y=self.y, epsilon=self.epsilon)
-        prior = self.posterior.task.prior.sample(shape).to(flow)
-        pick = torch.rand(shape, device=flow.device) < self.defensive
-        return torch.where(pick[..., None], prior, flow)
+        return self._draws(torch.Size(sample_shape))[0]
+
+    def sample_and_log_prob(self, sample_shape=torch.Size()) -> tuple[Tensor, Tensor]:
+        """:meth:`sample`'s draws ``sample_shape + (dim_theta,)`` (the same ones from the same global stream) and
+        their :meth:`log_prob` ``sample_shape``: the flow's density of its own draws comes from the pass that drew
+        them (:meth:`FlowPosterior.sample_and_log_prob`), so the flow is evaluated again only at the prior's."""
+        theta, pick, log_q = self._draws(torch.Size(sample_shape))
+        if pick.any():
+            with _warned_once():
+                log_q[pick] = self.posterior.log_prob(theta[pick], y=self.y, epsilon=self.epsilon)
+        return theta, self._mixed(theta, log_q)
 
     def log_prob(self, value: Tensor) -> Tensor:
         with _warned_once():
             log_q = self.posterior.log_prob(value, y=self.y, epsilon=self.epsilon)
+        return self._mixed(value, log_q)
+
+    def _draws(self, shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
+        """Draws ``shape + (dim_theta,)``, whether each came from the prior ``shape``, and the flow's log density
+        ``shape`` of its own draws (to be replaced at the prior's)."""
+        with _warned_once():
+            flow, log_q = self.posterior.sample_and_log_prob(shape, y=self.y, epsilon=self.epsilon)
+        prior = self.posterior.task.prior.sample(shape).to(flow)
+        pick = torch.rand(shape, device=flow.device) < self.defensive
+        return torch.where(pick[..., None], prior, flow), pick, log_q
+
+    def _mixed(self, value: Tensor, log_q: Tensor) -> Tensor:
+        """The mixture's log density ``value.shape[:-1]`` from the flow's, ``log_q``, at ``value``."""
         task = self.posterior.task
         log_prior = task.log_prior(value.to(prior_device(task.prior)))
         return torch.logaddexp(
