@@ -82,7 +82,8 @@ cpu_jobs+=($!)
 stamp "1. tests on the GPU"
 pin $gpu_cores timeout -k 10 70 $PY -m pytest -q -p no:cacheprovider -rfE -n 8 \
   tests/test_training_step.py tests/test_inference_estimators.py tests/test_inference_posterior.py \
-  tests/test_no_simulation_lost.py tests/test_parameter_space.py >"$OUT/pytest.log" 2>&1
+  tests/test_no_simulation_lost.py tests/test_parameter_space.py tests/test_importance_correction.py \
+  >"$OUT/pytest.log" 2>&1
 stamp "pytest rc $? ($(tail -1 "$OUT/pytest.log"))"
 
 stamp "2. training steps on CUDA"

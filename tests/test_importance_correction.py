@@ -159,6 +159,16 @@ def test_the_proposal_is_the_defensive_mixture_of_flow_and_prior(rough):
     torch.testing.assert_close(log_prob, proposal.log_prob(draws), atol=1e-4, rtol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_flow_on_cuda_is_corrected_with_its_draws_on_the_priors_device(rough):
+    """The flow draws and evaluates on the GPU; the weights are formed beside the prior (the CPU), as on the CPU."""
+    on_gpu = copy.deepcopy(rough).to("cuda")
+    gpu = corrected(on_gpu, 2000, y=RELEASE, epsilon=EPSILON, seed=0, progress=False)
+    cpu = corrected(rough, 2000, y=RELEASE, epsilon=EPSILON, seed=0, progress=False)
+    assert gpu.samples.device.type == "cpu" and torch.isfinite(gpu.weights).all()
+    assert gpu.ess == pytest.approx(cpu.ess, rel=0.2)
+
+
 def test_bad_settings_are_refused_in_one_line(rough):
     with pytest.raises(ValueError, match="defensive must be in"):
         rough.proposal(RELEASE, epsilon=EPSILON, defensive=0.0)
