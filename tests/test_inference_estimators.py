@@ -142,6 +142,9 @@ def test_truncated_draws_screen_batches_sized_by_the_share_kept(task, scale, siz
     if scale < 0.01:
         with pytest.raises(RuntimeError, match=r"truncated prior: \d of 50 draws in 200000 prior draws"):
             truncation.truncated_prior_draws(task, posterior, 50, 1e-2, 10_000, 200_000, seed=0)
+        with pytest.raises(RuntimeError, match=r"in 5000 prior draws"):  # a cap below the first batch
+            truncation.truncated_prior_draws(task, posterior, 50, 1e-2, 10_000, 5000, seed=0)
+        sizes = sizes + [5000]
     else:
         theta = truncation.truncated_prior_draws(task, posterior, 1000, 1e-2, 10_000, 10**7, seed=0)
         assert theta.shape == (1000, 2) and (posterior.log_prob(theta) >= threshold).all()

@@ -37,7 +37,7 @@ def truncated_prior_draws(
     ``max_prior_draws`` prior draws do not give ``n`` (the region holds too little prior mass: use atomic
     proposals)."""
     threshold = density_threshold(posterior, mass, draws, derive_seed(seed, "threshold"))
-    kept, found, screened, size = [], 0, 0, FIRST_BATCH
+    kept, found, screened, size = [], 0, 0, min(FIRST_BATCH, max_prior_draws)
     while found < n:
         if screened >= max_prior_draws:
             raise RuntimeError(
