@@ -550,7 +550,7 @@ class FlowPosterior(Posterior):
             empty = torch.empty(shape + (self.task.dim_theta,), device=self.space.device)
             return empty, empty[..., 0]
         z, log_q = self._z_and_log_prob(shape.numel(), y, self._noise_generator(generator, seed))
-        z, log_q = z[:, 0], log_q[:, 0]
+        z, log_q = z[:, 0], log_q[:, 0] - self.device_space.log_abs_det(z[:, 0])
         theta = self._finite(self.space.to_theta(z))
         moved = ~torch.isclose(self.space.to_z(theta), z, rtol=1e-5, atol=1e-5).all(-1)
         if moved.any():
@@ -561,17 +561,16 @@ class FlowPosterior(Posterior):
         return self._z_and_log_prob(n, y, generator)[0]
 
     def _z_and_log_prob(self, n: int, y: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """Draws ``(n, B, dim)`` at each checked release of ``y (B, dim_s)`` and their log densities ``(n, B)`` in
-        the prior's space (as :meth:`_log_prob_z`). All the base noise first, then mapped chunk by chunk: the
-        chunking changes the draws by float round-off at most (matrix products round differently with the number
-        of rows), never the noise."""
+        """Draws ``z (n, B, dim)`` at each checked release of ``y (B, dim_s)`` and the flow's log densities of them
+        ``(n, B)`` (of ``z``: without :meth:`_log_prob_z`'s log-determinant of ``theta = T(z)``). All the base noise
+        first, then mapped chunk by chunk: the chunking changes the draws by float round-off at most (matrix
+        products round differently with the number of rows), never the noise."""
         noise = torch.randn(
             n, y.shape[0], self.flow.dim, generator=generator, device=generator.device if generator else None
         )
-        z, log_q = _in_chunks(
+        return _in_chunks(
             lambda chunk: self.flow.sample_and_log_prob(chunk.to(self.device), y), noise, width=y.shape[0]
         )
-        return z, log_q - self.device_space.log_abs_det(z)
 
     def _log_prob_z(self, z: Tensor, y: Tensor) -> Tensor:
         return self.flow.log_prob(z, y) - self.device_space.log_abs_det(z)

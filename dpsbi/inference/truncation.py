@@ -37,19 +37,21 @@ def truncated_prior_draws(
     ``max_prior_draws`` prior draws do not give ``n`` (the region holds too little prior mass: use atomic
     proposals)."""
     threshold = density_threshold(posterior, mass, draws, derive_seed(seed, "threshold"))
-    kept, found, screened, size = [], 0, 0, min(FIRST_BATCH, max_prior_draws)
+    kept, found, screened = [], 0, 0
     while found < n:
         if screened >= max_prior_draws:
             raise RuntimeError(
                 f"truncated prior: {found} of {n} draws in {screened} prior draws (the posterior's region holds about "
                 f"{found / screened:.2e} of the prior mass); raise max_prior_draws or use atomic proposals (truncate=None)"
             )
+        size = min(
+            next_batch(n - found, found / screened) if kept else FIRST_BATCH, max_prior_draws - screened
+        )
         with seeded_global_streams(derive_seed(seed, "truncated", len(kept))):
             theta = task.prior.sample((size,))
         inside = posterior.log_prob(theta).double() >= threshold  # on the flow's device
         kept.append(theta[inside.to(theta.device)])
         found, screened = found + kept[-1].shape[0], screened + size
-        size = min(next_batch(n - found, found / screened), max_prior_draws - screened)
     return torch.cat(kept)[:n]
 
 
