@@ -172,16 +172,25 @@ REPORTS = [words for words in commands() if is_report(words) and recipe_key(word
 
 def cases() -> list[list[list[str]]]:
     """The page's measurements as test cases: each block's runnable ones together, in order, and each one that
-    cannot run alone."""
-    out = []
+    cannot run alone. A block's last commands are left out where each shrinks to one that an earlier case runs
+    (a fit the page repeats in several blocks); a command before a new one stays, since the new one may read
+    what it leaves."""
+    out, ran = [], set()
     for block in blocks():
         measured = [words for words in block if not is_report(words) or recipe_key(words) in TINY]
         runnable = [words for words in measured if not TINY.get(recipe_key(words), Tiny()).skip]
-        out += ([runnable] if runnable else []) + [[words] for words in measured if words not in runnable]
+        last = max((i for i, words in enumerate(runnable) if shrunk(words) not in ran), default=-1)
+        kept = runnable[: last + 1]  # what a new command may read is left before it
+        ran.update(shrunk(words) for words in kept)
+        out += ([kept] if kept else []) + [[words] for words in measured if words not in runnable]
     return out
 
 
-MEASURED = cases()
+def shrunk(words: list[str]) -> tuple[str, ...]:
+    """The command that runs here for the page's ``words`` (:func:`shrink` by its recipe)."""
+    return tuple(shrink(words, TINY[recipe_key(words)]))
+
+
 BIN = Path(sys.executable).parent
 
 
@@ -277,6 +286,9 @@ def environment(work: Path, tiny: Tiny) -> dict:
 def test_every_measurement_command_has_a_tiny_recipe():
     missing = {recipe_key(words) for words in commands() if not is_report(words)} - set(TINY)
     assert not missing, f"docs/RESULTS.md runs these without a TINY recipe here: {sorted(missing)}"
+
+
+MEASURED = cases()
 
 
 @pytest.mark.parametrize(
