@@ -1,5 +1,6 @@
 """One default SPPE round on regression at epsilon 1 on one CPU thread, as a whole process: the CPU before/after
-figure of docs/RESULTS.md, "The sync-free training step" (timed from outside, run with the PYTHONPATH of each
+figures of docs/RESULTS.md, "The sync-free training step" and "The default step against the code issue 30 was filed
+on" (timed from outside, run with the PYTHONPATH, and for code of another pyproject.toml the environment, of each
 checkout). ``--full`` trains the round to its ``max_steps`` (1000, rounded up to whole epochs: 1008) with no early
 stop, so that two versions whose rounding differs time the same steps ("Adam's fused kernel on the CPU").
 """
