@@ -89,7 +89,7 @@ stamp "pytest rc $? ($(tail -1 "$OUT/pytest.log"))"
 
 stamp "2. training steps on CUDA"
 # replayed rows first, then compiled (35-48 s of compiling each), the eager ones (profiled) last: the twenty-ninth
-# session's run of the eager rows first ran out of its 100 s before the replayed and compiled ones
+# session's run of the eager rows first ran out of its 100 s before the replayed ones (and compiled none)
 pin $gpu_cores timeout -k 10 150 $PY scripts/bench_step.py --devices cuda --backends dpsbi \
   --sizes 10000 100 --repeats 30 --deterministic --graph --compile-on cuda --profile "$OUT/profile.txt" \
   --json "$OUT/bench_step.jsonl" >>"$log" 2>&1
