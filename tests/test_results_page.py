@@ -186,10 +186,16 @@ def cases() -> list[list[list[str]]]:
     return out
 
 
-def shrunk(words: list[str]) -> tuple[str, ...]:
+def shrunk(words: list[str]) -> tuple[tuple[str, ...], ...]:
     """The command that runs here for the page's ``words`` (:func:`shrink` by its recipe; a command without one
-    is left as it is, for :func:`test_every_measurement_command_has_a_tiny_recipe` to name)."""
-    return tuple(shrink(words, TINY.get(recipe_key(words), Tiny())))
+    is left as it is, for :func:`test_every_measurement_command_has_a_tiny_recipe` to name), as a key: its
+    leading words in order, then its options and overrides sorted, since argparse and Hydra read them in any
+    order (the page writes one command in several orders)."""
+    found = groups(shrink(words, TINY.get(recipe_key(words), Tiny())))
+    lead = next(
+        (i for i, group in enumerate(found) if group[0].startswith("-") or "=" in group[0]), len(found)
+    )
+    return (*map(tuple, found[:lead]), *sorted(map(tuple, found[lead:])))
 
 
 BIN = Path(sys.executable).parent
@@ -289,6 +295,21 @@ def test_every_measurement_command_has_a_tiny_recipe():
     assert not missing, f"docs/RESULTS.md runs these without a TINY recipe here: {sorted(missing)}"
 
 
+def test_a_command_shrinks_to_one_key_in_any_order_of_its_options_but_not_of_its_positional_words():
+    page = shlex.split("python scripts/frontier.py run --task sir --epsilon 1 --seeds 0 1")
+    assert shrunk(page) == shrunk(
+        shlex.split("python scripts/frontier.py run --seeds 0 1 --epsilon 1 --task sir")
+    )
+    assert shrunk(page) != shrunk(
+        shlex.split("python scripts/frontier.py run --task sir --epsilon 10 --seeds 0 1")
+    )
+    assert shrunk(page) != shrunk(
+        shlex.split("python scripts/frontier.py run --task sir --epsilon 1 --seeds 1 0")
+    )
+    collect = shlex.split("python scripts/main_grid.py collect multirun/a multirun/b --out rows.jsonl")
+    assert shrunk(collect) != shrunk([*collect[:3], "multirun/b", "multirun/a", *collect[5:]])
+
+
 MEASURED = cases()
 
 
@@ -298,16 +319,16 @@ MEASURED = cases()
 def test_the_measurement_commands_run_at_a_tiny_budget(block, tmp_path):
     """A block's measurements in order, in one temporary working directory (a later command may read an
     earlier one's output: ``scripts/outbreaks.py report`` the sweep before it). Commands that shrink to one
-    already run (seeds and variants of one fit) run once."""
-    ran = []
+    already run (seeds and variants of one fit, or its options in another order: :func:`shrunk`) run once."""
+    ran = set()
     for words in block:
         tiny = TINY[recipe_key(words)]
         if tiny.skip:  # alone in its case
             pytest.skip(tiny.skip)
-        command = argv(shrink(words, tiny))
-        if command in ran:
+        if shrunk(words) in ran:
             continue
-        ran.append(command)
+        ran.add(shrunk(words))
+        command = argv(shrink(words, tiny))
         run = subprocess.run(
             command,
             cwd=tmp_path,
