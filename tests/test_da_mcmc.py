@@ -78,6 +78,10 @@ def test_record_models_reproduce_the_task_statistics():
     with seeded(0):
         theta, theta_nb = task.prior.sample((3,)), nb.prior.sample((2,))
     assert torch.allclose(model.statistic(model.sample(theta, GEN(7))), task.simulate(theta, GEN(7)))
+    records = model.sample(theta, GEN(7))
+    shares = model.contribution(records)  # what DA-MCMC sums and updates record by record
+    for m in (100, 40, 0):
+        assert torch.allclose(model.statistic(records[:, :m]), shares[:, :m].sum(-2), atol=1e-6)
     records = nb_model.sample(theta_nb.repeat_interleave(2000, 0), GEN(8))
     counts = nb_model.statistic(records).reshape(2, 2000, -1) * nb_model.n
     assert torch.allclose(counts.sum(-1), torch.full((2, 2000), 200.0))  # n records x K features

