@@ -31,6 +31,6 @@ def test_the_real_data_page_runs_as_written(tmp_path):
     assert int(re.search(r"ESS (\d+)", text).group(1)) >= 2000, text
     ratios = [float(v) for v in re.findall(r"sd ratio ([0-9.]+)", text)]
     assert len(ratios) == 3 and all(0.6 <= r <= 1.5 for r in ratios), text
-    # measured 0.637-0.653 at these seeds; 0.7 is ~5 Monte Carlo sds of C2ST at 2000 vs 2000 draws (~0.01) above it, so
-    # a fit that drifts from the reference fails (a seed sweep would give the spread of the fit itself)
+    # measured 0.637-0.653 at these seeds; 0.7 is ~5 Monte Carlo sds of C2ST at 2000 vs 2000 draws (~0.01) above
+    # it, so a fit that drifts from the reference fails (a seed sweep would give the spread of the fit itself)
     assert float(re.search(r"C2ST vs reference ([0-9.]+)", text).group(1)) <= 0.7, text
