@@ -1,12 +1,14 @@
 """Runs a markdown page as written: its ```python and ```bash blocks, in order, in a fresh directory (a block
-starting ``# file: NAME`` is written to NAME; the others run in their own process). Used by the tests of
-docs/YOUR_MODEL.md, docs/REAL_RELEASES.md and the README's quick start."""
+starting ``# file: NAME`` is written to NAME; the others run in a process of their own, :mod:`prewarmed`'s).
+Used by the tests of docs/YOUR_MODEL.md, docs/REAL_RELEASES.md, docs/REAL_DATA.md and the README's quick
+start."""
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+import prewarmed
 
 BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
 FILE = re.compile(r"# file: (\S+)\n")
@@ -30,7 +32,7 @@ def run_block(language: str, code: str, cwd: Path) -> str:
         # the page's folder first, then the caller's PYTHONPATH (a worktree's code when run as CONTRIBUTING says)
         "PYTHONPATH": os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p),
     }
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    done = prewarmed.run(command, cwd=cwd, env=env, timeout=900)
     assert done.returncode == 0, (
         f"{language} block failed:\n{code}\n--- output ---\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )

@@ -8,11 +8,11 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,7 +237,7 @@ def test_the_report_commands_run_on_the_committed_results(words, tmp_path):
             args.extend(sorted(glob.glob(word, root_dir=ROOT)))
         else:
             args.append(word)
-    run = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = prewarmed.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ), timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "|" in run.stdout and ("--figure" not in words or (tmp_path / "figure.png").is_file()), run.stdout[
         -500:
@@ -330,14 +330,7 @@ def test_the_measurement_commands_run_at_a_tiny_budget(block, tmp_path):
             continue
         ran.add(key)
         command = argv(shrink(words, tiny))
-        run = subprocess.run(
-            command,
-            cwd=tmp_path,
-            env=environment(tmp_path, tiny),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        run = prewarmed.run(command, cwd=tmp_path, env=environment(tmp_path, tiny), timeout=300)
         assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-3000:]}"
         assert tiny.output is None or glob.glob(str(tmp_path / tiny.output)), (
             tiny.output,
