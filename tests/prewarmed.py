@@ -60,13 +60,13 @@ def run(
         request = dict(argv=list(command), cwd=str(cwd), env=env, out=str(out), err=str(err))
         server.stdin.write((json.dumps(request) + "\n").encode())
         server.stdin.flush()
-        pid = int(_line(server, 60))
+        pid = int(_line(server, command, 60))
         try:
-            code = int(_line(server, timeout))
-        except subprocess.TimeoutExpired:
+            code = int(_line(server, command, timeout))
+        except BaseException:  # past its time, or interrupted: the command and what it started are stopped
             os.killpg(pid, signal.SIGKILL)
-            _line(server, 60)
-            raise subprocess.TimeoutExpired(command, timeout) from None
+            _line(server, command, 60)
+            raise
         return subprocess.CompletedProcess(command, code, out.read_text(), err.read_text())
 
 
@@ -81,12 +81,13 @@ def _is_python(command: list[str]) -> bool:
         return launcher.readline().strip() == f"#!{sys.executable}".encode()
 
 
-def _line(server: subprocess.Popen, timeout: float) -> str:
-    """The server's next reply line, read byte by byte (nothing is left in a buffer for ``select`` to miss)."""
+def _line(server: subprocess.Popen, command: list[str], timeout: float) -> str:
+    """The server's next reply about ``command``, read byte by byte (nothing is left in a buffer for ``select``
+    to miss)."""
     found = b""
     while not found.endswith(b"\n"):
         if not select.select([server.stdout], [], [], timeout)[0]:
-            raise subprocess.TimeoutExpired(server.args, timeout)
+            raise subprocess.TimeoutExpired(command, timeout)
         byte = os.read(server.stdout.fileno(), 1)
         if not byte:
             raise RuntimeError("the prewarmed server exited")
@@ -103,6 +104,15 @@ def _server(env: dict[str, str]) -> subprocess.Popen:
             [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=fixed
         )
     return _servers[key]
+
+
+@atexit.register
+def _stop() -> None:
+    """Close every server's input (it exits when it reads the end) and wait for it to exit."""
+    for server in _servers.values():
+        server.stdin.close()
+        server.wait(60)
+        server.stdout.close()
 
 
 def _serve() -> None:
