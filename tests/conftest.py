@@ -3,15 +3,6 @@
 import pytest
 import torch
 
-#: The executed pages, longest first (minutes each): they run first, so that no worker of ``pytest -n 2`` is left
-#: with one of them while the other has finished (alphabetically, ``test_your_model.py`` came last).
-FIRST = ("test_real_releases.py", "test_your_model.py", "test_real_data.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests of :data:`FIRST` first, in its order; the others in theirs."""
-    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
-
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
