@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 #: What a server imports before it forks (every command of the pages imports most of it).
@@ -129,7 +130,12 @@ def _serve() -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(request, base)
+            try:
+                _child(request, base)
+            except BaseException:  # before its command ran (a missing directory): said in its errors
+                traceback.print_exc()
+            finally:
+                os._exit(1)
         print(pid, flush=True)
         print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 
@@ -138,15 +144,14 @@ def _child(request: dict, base: list[str]) -> None:
     """Run one request as ``__main__`` of a process of its own, then exit with its status (never returns)."""
     import runpy
     import threading
-    import traceback
     import types
 
+    for fd, path in ((1, request["out"]), (2, request["err"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     os.setpgid(0, 0)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    for fd, path in ((1, request["out"]), (2, request["err"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     sys.stdin = open(os.devnull)  # noqa: SIM115 (the process's own stdin, closed at exit)
     words = request["argv"][1:] if request["argv"][0] == sys.executable else request["argv"]
