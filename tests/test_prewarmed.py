@@ -40,6 +40,11 @@ def test_a_command_sees_what_a_fresh_process_sees(body, tmp_path):
     assert warm == fresh
     fresh, warm = both([sys.executable, str(tmp_path / "script.py"), "c"], tmp_path)
     assert warm == fresh
+    launcher = tmp_path / "launcher"  # as an entry point's, in the environment's bin folder
+    launcher.write_text(f"#!{sys.executable}\n{body}\n")
+    launcher.chmod(0o755)
+    fresh, warm = both([str(launcher), "d"], tmp_path)
+    assert warm == fresh and prewarmed._is_python([str(launcher)])
 
 
 def test_a_command_past_its_time_is_killed_and_other_programs_run_as_subprocesses(tmp_path):
