@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.distributions import Independent, Normal
 
 from ..tasks import Task
-from ..tasks.regression import statistic_sums, sufficient_statistic
+from ..tasks.regression import statistic_sums
 from ..tasks.simplex import ProductDirichlet
 
 
@@ -114,7 +114,7 @@ class RegressionRecords(RecordModel):
     def contribution(self, records: Tensor) -> Tensor:
         c, m, width = records.shape
         single = records.reshape(c * m, 1, width)
-        return sufficient_statistic(single[..., :-1], single[..., -1], self.bound).reshape(c, m, -1) / self.n
+        return statistic_sums(single[..., :-1], single[..., -1], self.bound).reshape(c, m, -1) / self.n
 
     def posterior_sample(self, records: Tensor, generator: torch.Generator | None = None) -> Tensor:
         design = torch.cat([torch.ones_like(records[..., :1]), records[..., :-1]], -1)  # (C, m, p+1)
