@@ -74,8 +74,8 @@ def run(
 def _is_python(command: list[str]) -> bool:
     """Whether ``command`` runs a script or code with this Python: ``sys.executable`` then a script or ``-c``
     (no other option), or a launcher whose first line names this Python."""
-    if command[0] == sys.executable:
-        return command[1:2] == ["-c"] or not command[1].startswith("-")
+    if command[0] == sys.executable:  # bare, or with an option other than -c: a process of its own
+        return len(command) > 1 and (command[1] == "-c" or not command[1].startswith("-"))
     if not Path(command[0]).is_file():  # a program on the PATH (bash)
         return False
     with open(command[0], "rb") as launcher:
