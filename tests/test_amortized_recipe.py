@@ -58,7 +58,7 @@ def test_what_the_call_sets_stays_the_calls():
         dpsbi.SPPE(task, amortized=True, epsilon_range=(1, 2), epsilon_margin=0.5)
     with pytest.raises(ValueError, match="widens epsilon_range, but the fit has none"):
         dpsbi.SPPE(task, amortized=True, epsilon_margin=2)
-    with pytest.raises(ValueError, match="not built by dpsbi.load"):
+    with pytest.raises(ValueError, match="not built by dpsbi.tasks.load"):
         with_options(dpsbi.tasks.sir.make(), {"simulator": "tau_leap"})
 
 

@@ -65,7 +65,7 @@ class SPPE(SequentialEstimator):
 
     A task may carry its own measured recipe for an amortized fit (:attr:`~dpsbi.tasks.base.Task.amortized_recipe`,
     applied by :meth:`resolve_arguments` where the call leaves its arguments out): SIR's trains one round of a
-    million simulations of its validated tau-leaping model (``task_options``: options of :func:`dpsbi.load` over
+    million simulations of its validated tau-leaping model (``task_options``: options of :func:`dpsbi.tasks.load` over
     the task's own for the model that simulates the training data; ``{}`` keeps the task's simulator), 13 000
     steps from lr 3e-3, over epsilon twice as far out as ``epsilon_range`` at each end (``epsilon_margin``):
     at the bar at its stored releases in three seeds, where the exact simulator's budget is not

@@ -57,7 +57,7 @@ def with_options(task: Task, options: dict) -> Task:
         return task
     if task.spec is None:
         raise ValueError(
-            f"task {task.name!r} was not built by dpsbi.load, so it cannot be rebuilt with options {options}"
+            f"task {task.name!r} was not built by dpsbi.tasks.load, so it cannot be rebuilt with options {options}"
         )
     other = load(task.spec["name"], **{**task.spec["kwargs"], **options})
     other.y_obs, other.s_obs = task.y_obs, task.s_obs
