@@ -74,7 +74,8 @@ def inner_releases(
     epsilon: Tensor | None = None,
     u: Tensor | None = None,
 ) -> Tensor:
-    """Releases ``y_ij = G(s_i, u_ij)`` of shape ``(N, M, dim_s)`` for confidential summaries ``s (N, dim_s)``.
+    """Releases ``y_ij = G(s_i, u_ij)`` of shape ``(N, M, dim_s)`` for confidential summaries ``s (N,
+    input_dim)`` (the mechanism's; ``dim_s`` unless it composes or post-processes).
 
     ``u (N, M, k)``: the uniforms (:func:`noise_uniforms`), drawn here from ``generator`` when not given.
     ``dequantize``: lattice releases spread over their cells (:func:`dequantized`), the cell offset taken from
@@ -180,7 +181,7 @@ def sppe_loss(
     index: Tensor | None = None,
     prior_rows: Tensor | None = None,
 ) -> Tensor:
-    """SPPE loss of a posterior flow ``q(theta | y)`` on pairs ``theta (N, d)``, ``s (N, dim_s)``:
+    """SPPE loss of a posterior flow ``q(theta | y)`` on pairs ``theta (N, d)``, ``s (N, input_dim)``:
     :func:`posterior_loss` on ``M = inner_samples`` fresh releases of each ``s_i``. ``epsilon (N,)``: each
     pair's privacy level, for a flow ``q(theta | y, log epsilon)`` (module docstring). ``u`` and ``index``:
     the step's uniforms and atoms drawn beforehand (else from ``generator``); ``prior_rows``: the combined
@@ -205,7 +206,7 @@ def sple_loss(
     u: Tensor | None = None,
 ) -> Tensor:
     """SPLE loss of a likelihood flow ``q(y | theta)``: ``-mean_ij log q(y_ij | theta_i)`` over
-    ``M = inner_samples`` fresh releases ``y_ij`` of each ``s_i``; ``theta (N, d)``, ``s (N, dim_s)``.
+    ``M = inner_samples`` fresh releases ``y_ij`` of each ``s_i``; ``theta (N, d)``, ``s (N, input_dim)``.
     ``reduction="none"`` returns the ``(N,)`` inner averages instead of their mean. ``dequantize`` (lattice
     mechanisms): ``q`` models ``y + h v`` instead (:func:`inner_releases`), a proper density whose mass on a
     release's cell estimates the release's probability; without it, maximum likelihood can pile density on
@@ -237,7 +238,7 @@ def loss_estimates(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """``repeats`` independent estimates of ``loss`` (:func:`sppe_loss` or :func:`sple_loss`, one-round
-    form) for the fixed pairs ``theta (N, d)``, ``s (N, dim_s)``, differing only in the mechanism noise.
+    form) for the fixed pairs ``theta (N, d)``, ``s (N, input_dim)``, differing only in the mechanism noise.
     One batched call: the pairs are replicated ``repeats`` times, each copy with its own randomization."""
     with torch.no_grad():
         rows = loss(

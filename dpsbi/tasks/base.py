@@ -185,7 +185,8 @@ class Task:
 
     @property
     def dim_s(self) -> int:
-        """Dimension of the confidential summary and of the release."""
+        """Dimension of the release (``mechanism.dim``); the confidential summary has ``mechanism.input_dim``, the
+        same unless the mechanism composes releases or post-processes them."""
         return self.mechanism.dim
 
     def log_prior(self, theta: Tensor) -> Tensor:
