@@ -32,7 +32,7 @@ def binomial_log_pmf(k: Tensor, n: int, p: Tensor) -> Tensor:
     return torch.where(valid, logp, -math.inf)
 
 
-def _half_width(n: int, variance):
+def _half_width(variance):
     """Half-width of a window around ``n p`` holding all but 1e-18 of ``Bin(n, p)``'s mass (Bernstein's
     inequality), for the binomial variance ``n p (1 - p)`` (a tensor or a number)."""
     c = math.log(2 / _TAIL)
@@ -47,9 +47,9 @@ def _binomial_cdf_window(n: int, p: Tensor) -> tuple[Tensor, Tensor]:
     ``(P, W)`` work is one row gather and four in-place passes (``log C(n, k) + k logit p + n log(1 - p)``, exp,
     cumsum), no ``(P, W)`` temporaries: at SIR's amortized batch (10 000 windows of 322) the dozen temporaries
     before made a training step twice as long (docs/RESULTS.md, "The binomial quantile and SIR's amortized fit")."""
-    half = _half_width(n, n * p * (1 - p))
+    half = _half_width(n * p * (1 - p))
     lo = torch.floor(n * p - half).clamp(min=0)
-    width = min(n, 2 * math.ceil(_half_width(n, n / 4)) + 1) + 1
+    width = min(n, 2 * math.ceil(_half_width(n / 4)) + 1) + 1
     past_n = torch.full((width,), -math.inf, device=p.device, dtype=p.dtype)  # k > n: probability 0
     log_c = torch.cat([log_binomial_coefficients(n, device=p.device, dtype=p.dtype), past_n])
     log_pmf = log_c.unfold(0, width, 1)[lo.long()]  # row i: log C(n, k) at k = lo_i .. lo_i + W - 1

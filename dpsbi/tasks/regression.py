@@ -22,17 +22,6 @@ STORED = {
     1.0: [-55.1400, -6.0000, 15.0400, 23.7800, 41.3000, -16.2100, -9.4600, -11.3300, 35.9500],
     0.1: [-333.8400, -106.5100, -1.3100, 399.9300, 229.9800, 19.6700, 84.5900, -55.4100, 88.9000],
 }
-STATISTIC_NAMES = [
-    "X'y[0]",
-    "X'y[1]",
-    "X'y[2]",
-    "y'y",
-    "X'X[0,1]",
-    "X'X[0,2]",
-    "X'X[1,1]",
-    "X'X[1,2]",
-    "X'X[2,2]",
-]
 
 #: Regression's sequential SPPE fit at ``y_obs`` where the call leaves out ``rounds`` and ``sims_per_round``
 #: (:attr:`~dpsbi.tasks.base.Task.sequential_recipe`): atomic APT on 10 rounds of 2000 simulations. At epsilon 0.1 /
