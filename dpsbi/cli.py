@@ -111,7 +111,7 @@ def read_release(text: str | None = None, path: str | Path | None = None) -> tor
 #: ``outside_training``: the release's coordinates that lie outside the simulated releases the posterior was
 #: trained on (``jointly: <name>`` when only their combination does; empty inside, or for a posterior file
 #: written before the check: :mod:`dpsbi.inference.release_check`).
-SUMMARY_COLUMNS = ("release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5", "outside_training")
+RELEASE_SUMMARY_COLUMNS = ("release", "parameter", "mean", "sd", "q2.5", "q50", "q97.5", "outside_training")
 
 
 def read_releases(path: str | Path, names: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -184,7 +184,7 @@ def _suggest(name: str, allowed: list[str]) -> str:
 
 
 def release_summary(draws: torch.Tensor, names, outside: list[str]) -> list[dict]:
-    """Rows of :data:`SUMMARY_COLUMNS` for draws ``(n, B, d)``: per release (0-based index) and parameter;
+    """Rows of :data:`RELEASE_SUMMARY_COLUMNS` for draws ``(n, B, d)``: per release (0-based index) and parameter;
     ``outside``: each release's ``outside_training`` flag."""
     x = draws.detach().cpu().double().numpy()
     mean, sd = x.mean(0), x.std(0, ddof=1) if x.shape[0] > 1 else np.zeros(x.shape[1:])
@@ -203,19 +203,6 @@ def release_summary(draws: torch.Tensor, names, outside: list[str]) -> list[dict
         for b in range(x.shape[1])
         for j, name in enumerate(names)
     ]
-
-
-def _write_csv(path: Path, header, rows) -> None:
-    from .files import atomic_write
-
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(rows)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, write)
 
 
 def _posterior_path(target: Path, method: str | None) -> tuple[Path, Path | None]:
@@ -396,7 +383,7 @@ def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
 def _sample_releases(args) -> None:
     """``dpsbi-sample --releases FILE.csv``: one ``sample_batched`` call at every release of the file."""
     from . import load_posterior
-    from .experiment.outputs import format_table
+    from .experiment.outputs import format_table, write_csv
 
     try:
         if args.release is not None or args.release_file is not None:
@@ -425,16 +412,18 @@ def _sample_releases(args) -> None:
     count = draws.shape[1]
     if args.output is not None:
         values = draws.double().numpy()
-        _write_csv(
+        write_csv(
             args.output,
             ["release", "draw", *names],
             ([b, i, *values[i, b].tolist()] for b in range(count) for i in range(args.num_samples)),
         )
     rows = release_summary(draws, names, outside)
     if args.summary is not None:
-        _write_csv(args.summary, SUMMARY_COLUMNS, ([row[c] for c in SUMMARY_COLUMNS] for row in rows))
+        write_csv(
+            args.summary, RELEASE_SUMMARY_COLUMNS, ([row[c] for c in RELEASE_SUMMARY_COLUMNS] for row in rows)
+        )
     if count <= 10:
-        print(format_table(rows, SUMMARY_COLUMNS))
+        print(format_table(rows, RELEASE_SUMMARY_COLUMNS))
     written = [
         f"draws to {args.output}" if args.output else "",
         f"summary to {args.summary}" if args.summary else "",

@@ -78,7 +78,7 @@ def test_releases_csv_gives_long_draws_and_a_summary(saved, tmp_path, capsys):
             values[values[:, 0] == b, 2:], expected[:, b].double().numpy(), rtol=1e-5, atol=1e-5
         )
     header, rows = _read(summary_csv)
-    assert header == list(cli.SUMMARY_COLUMNS) and len(rows) == 3 * 2
+    assert header == list(cli.RELEASE_SUMMARY_COLUMNS) and len(rows) == 3 * 2
     assert header[-1] == "outside_training" and all(
         row[-1] == "" for row in rows
     )  # inside the training cloud

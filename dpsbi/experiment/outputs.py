@@ -36,17 +36,22 @@ SUMMARY_COLUMNS = (
 )
 
 
-def write_draws(path: Path, draws: Tensor, names: Sequence[str]) -> None:
-    """Write ``draws (n, d)`` as CSV with a header of parameter ``names``."""
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence]) -> None:
+    """Write ``rows`` under ``header`` as CSV to ``path`` (its directory made where missing)."""
 
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(names)
-            writer.writerows(draws.detach().cpu().double().tolist())
+            writer.writerow(header)
+            writer.writerows(rows)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, write)
+
+
+def write_draws(path: Path, draws: Tensor, names: Sequence[str]) -> None:
+    """Write ``draws (n, d)`` as CSV with a header of parameter ``names``."""
+    write_csv(path, names, draws.detach().cpu().double().tolist())
 
 
 def read_draws(path: Path) -> tuple[Tensor, list[str]]:
