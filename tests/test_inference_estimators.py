@@ -248,6 +248,20 @@ def test_naive_npe_fits_the_non_private_posterior_and_misses_the_private_one(tas
     assert c2st(draws, exact) > 0.6
 
 
+def test_naive_npe_refuses_a_release_shaped_unlike_its_summary():
+    """A smooth-sensitivity median releases 1 number from a summary of 2 (the median and its smooth sensitivity):
+    NaiveNPE, which puts the release where the summary went, refuses it in one line, and a run refuses it before
+    the method is imported (the experiment's preflight is the same check)."""
+    from dpsbi.experiment import methods
+
+    task = dpsbi.tasks.load("normal_variance", statistic="median")
+    message = r"task 'normal_variance' releases 1 number from a summary of 2"
+    with pytest.raises(ValueError, match=message):
+        dpsbi.NaiveNPE(task)
+    with pytest.raises(ValueError, match=message):
+        methods.get("naive_npe").check(task)
+
+
 def _counting(task):
     """``task`` with a simulator that records the number of rows of each call in ``calls``; the checks of
     checkpoints, which re-simulate ``PROBE_ROWS`` stored rows, are not recorded."""

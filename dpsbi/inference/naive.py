@@ -10,6 +10,16 @@ from .posterior import FlowPosterior
 from .training import Loss
 
 
+def check_release_shaped_like_summary(task: Task) -> None:
+    """Raise ``ValueError`` unless ``task``'s release has as many coordinates as its confidential summary: NaiveNPE
+    conditions on the summary and is then evaluated at the release in its place."""
+    if task.mechanism.input_dim != task.dim_s:
+        raise ValueError(
+            f"NaiveNPE conditions on the confidential summary in place of the release, but task {task.name!r} "
+            f"releases {task.dim_s} number{'s' * (task.dim_s != 1)} from a summary of {task.mechanism.input_dim}"
+        )
+
+
 class NaiveNPE(SequentialEstimator):
     """NPE on ``(theta, s)`` pairs from the prior: the same flow as SPPE but trained on the confidential
     summaries and then evaluated at the release ``y_obs`` as if it were one. Its posterior ignores the
@@ -37,11 +47,7 @@ class NaiveNPE(SequentialEstimator):
             raise ValueError(
                 "NaiveNPE ignores the mechanism, so its posterior does not depend on epsilon: it takes no epsilon_range"
             )
-        if task.mechanism.input_dim != task.dim_s:
-            raise ValueError(
-                f"NaiveNPE conditions on the confidential summary in place of the release, but task {task.name!r} "
-                f"releases {task.dim_s} numbers from a summary of {task.mechanism.input_dim}"
-            )
+        check_release_shaped_like_summary(task)
         if int(num_simulations) < 2:
             raise ValueError(f"need num_simulations >= 2, got {num_simulations}")
         super().__init__(task, 1, int(num_simulations), 1, False, **kwargs)
