@@ -99,9 +99,9 @@ class TrainingSettings(Settings):
     ``"constant"`` or ``"cosine"`` (the learning rate decays from ``lr`` to 0 over the round's ``max_steps``,
     which it needs; every round starts again from ``lr``). ``validation_fraction`` of each round's simulations
     are held out for the validation loss. ``batch_size=None`` leaves the batch to the estimator, chosen per fit
-    (``SequentialEstimator.default_batch_size``: 100, or up to 1000 for an amortized SPPE or SPLE fit), and
-    ``weight_decay=None`` the L2 penalty (``SequentialEstimator.default_weight_decay``: 1e-4, or 0 for an
-    amortized SPPE or SPLE fit).
+    (the estimator's ``default_batch_size``: 100, or up to 1000 for an amortized SPPE or SPLE fit), and
+    ``weight_decay=None`` the L2 penalty (the estimator's ``default_weight_decay``: 1e-4, or 0 for an amortized
+    SPPE or SPLE fit).
 
     The machine: ``accelerator`` (``"auto"``: CUDA when a GPU is visible, else the CPU; ``"cpu"``, ``"cuda"``
     or ``"gpu"``, ``"mps"``), ``devices`` (one device: ``1``, ``"auto"``, or ``[k]`` for GPU ``k``),
