@@ -186,14 +186,13 @@ def inference_data(
     attrs: dict | None = None,
     observed: Tensor | None = None,
     predictive: Tensor | None = None,
-    sample_stats: dict[str, Tensor] | None = None,
 ):
     """ArviZ's data of ``chains (C, T, d)`` (an ``arviz.InferenceData`` under ArviZ 0.x, an xarray ``DataTree``
     under 1.x; the same content): one posterior variable ``(chain, draw)`` per name of ``names``; the release
     ``observed (dim_s,)`` as ``observed_data.release`` ``(release_dim,)`` and simulated releases
-    ``predictive (C, T, dim_s)`` as ``posterior_predictive.release`` ``(chain, draw, release_dim)``;
-    ``sample_stats`` values ``(C, T)``; ``attrs`` (values made netCDF-safe, ``None`` left out, with
-    ``inference_library="dpsbi"``) on every group and on the whole."""
+    ``predictive (C, T, dim_s)`` as ``posterior_predictive.release`` ``(chain, draw, release_dim)``; ``attrs``
+    (values made netCDF-safe, ``None`` left out, with ``inference_library="dpsbi"``) on every group and on the
+    whole."""
     x, _ = _as_chains(chains)
     if x.shape[-1] != len(names):
         raise ValueError(f"{len(names)} names for chains of {x.shape[-1]} parameters")
@@ -203,10 +202,6 @@ def inference_data(
     if predictive is not None:
         groups["posterior_predictive"] = {
             "release": torch.as_tensor(predictive).detach().cpu().double().numpy()
-        }
-    if sample_stats:
-        groups["sample_stats"] = {
-            k: torch.as_tensor(v).detach().cpu().double().numpy() for k, v in sample_stats.items()
         }
     attrs = {
         k: _attribute(v) for k, v in {"inference_library": "dpsbi", **(attrs or {})}.items() if v is not None
