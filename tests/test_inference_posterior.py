@@ -118,6 +118,26 @@ def test_a_posterior_of_a_hand_built_task_loads_only_with_the_task(tmp_path, tas
     )
 
 
+def test_loading_with_a_task_leaves_the_task_as_it_was(tmp_path, task):
+    """The loaded posterior holds the file's release; the task passed in keeps its own (it was overwritten in
+    place), with a warning where the two differ, and none where they agree."""
+    post = _random_flow_posterior(task, amortized=False)
+    post.save(tmp_path / "p.pt")
+    other = dpsbi.tasks.load("conjugate_gaussian", epsilon=10.0, y_obs=[0.25, -0.5])
+    before = other.y_obs.clone()
+    with pytest.warns(
+        UserWarning,
+        match=r"trained at the release y_obs = \[1.78947, 0.377871\], not the given task.s \[0.25, -0.5\]",
+    ):
+        loaded = load_posterior(tmp_path / "p.pt", task=other)
+    assert torch.equal(other.y_obs, before) and loaded.task is not other
+    assert torch.equal(loaded.task.y_obs, task.y_obs) and loaded.task.s_obs is None
+    assert torch.equal(loaded.sample((3,), seed=0), post.sample((3,), seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(load_posterior(tmp_path / "p.pt", task=task).task.y_obs, task.y_obs)
+
+
 class Payload:
     """An arbitrary object: loading its pickle would run code of the file's choosing."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 import dataclasses
 import math
 import numbers
@@ -768,6 +769,31 @@ def _as_trained(task: Task, recorded: dict | None) -> Task:
     return task
 
 
+def _at_release(task: Task, recorded: Tensor, path, given: bool) -> Task:
+    """A copy of ``task`` whose ``y_obs`` is the release ``recorded`` in the posterior file at ``path`` (its other
+    fields shared); where ``task`` was ``given`` by the caller and holds another release, a warning names both. The
+    copy's confidential summary ``s_obs`` is kept only where the release is the task's own."""
+    recorded = task.check_release(recorded)
+    same = task.y_obs is not None and torch.equal(task.y_obs, recorded.to(task.y_obs.dtype))
+    if given and task.y_obs is not None and not same:
+        warnings.warn(
+            f"{path} was trained at the release y_obs = {_numbers(recorded)}, not the given task's "
+            f"{_numbers(task.y_obs)}: the loaded posterior samples at the file's release unless given y= (the task "
+            "passed in is left as it was)",
+            stacklevel=3,
+        )
+    copied = copy.copy(task)
+    copied.y_obs = recorded
+    if not same:
+        copied.s_obs = None
+    return copied
+
+
+def _numbers(release: Tensor) -> str:
+    """A release ``(1, d)`` as ``[v1, v2, ...]``, each to 6 significant digits."""
+    return "[" + ", ".join(f"{v:.6g}" for v in release.flatten().tolist()) + "]"
+
+
 def load_posterior(
     path: str | os.PathLike, device: torch.device | str | None = None, task: Task | None = None
 ) -> Posterior:
@@ -776,11 +802,15 @@ def load_posterior(
     intact file (checksum). The task is rebuilt from its recorded name and arguments unless ``task`` is
     given; either way its model must match the one recorded in the file, or a ``ValueError`` names every
     differing field, and its simulator must reproduce the recorded probe (``"was simulated by another
-    simulator"``; a file written before the probe was recorded loads with a warning). A release set by ``set_default_x`` and an epsilon set by ``set_default_epsilon`` before saving
-    are the defaults again."""
+    simulator"``; a file written before the probe was recorded loads with a warning). The posterior's task holds
+    the release the file was trained at as ``y_obs``: a given ``task`` is copied for it, never changed, and a
+    warning says so where its own ``y_obs`` differs (the posterior samples at the file's release by default). A
+    release set by ``set_default_x`` and an epsilon set by ``set_default_epsilon`` before saving are the defaults
+    again."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     meta, state = posterior_file.read(path, device, _KINDS)
     which = "the given task"
+    given = task is not None
     if task is None:
         if meta["task"] is None:
             raise ValueError(
@@ -793,7 +823,7 @@ def load_posterior(
     posterior_file.check_identity(path, meta["identity"], task, which)
     posterior_file.check_simulator(path, meta.get("simulator"), task)
     if meta["y_obs"] is not None:
-        task.y_obs = task.check_release(torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()))
+        task = _at_release(task, torch.tensor(meta["y_obs"], dtype=torch.get_default_dtype()), path, given)
     spec = meta["flow"]
     flow = ConditionalFlow.blank(
         FlowSettings.recorded(spec["config"]),
