@@ -355,7 +355,14 @@ def test_a_checkpoint_of_version_2_which_counted_rounds_from_0_is_refused(tmp_pa
         (dict(flow=dict(layers=3)), "unknown flow settings"),
         (dict(training=dict(lr=-1.0)), "lr"),
         (dict(training=dict(epochs=3)), "unknown training settings"),
-        (dict(training=dict(max_steps=0)), "max_steps=0"),
+        (dict(training=dict(max_steps=0)), r"settings: max_steps=0 \(an integer >= 1, or None\)$"),
+        # counts that are not whole are refused, not truncated (2.7 rounds ran 2)
+        (dict(rounds=2.7), r"^rounds must be an integer >= 1, got 2.7$"),
+        (dict(sims_per_round=200.5), r"^sims_per_round must be an integer >= 2, got 200.5$"),
+        (dict(atoms=2.5), r"atoms .* must be an integer >= 2, got 2.5$"),
+        (dict(training=dict(max_steps=20.5)), r"max_steps=20.5 \(an integer >= 1, or None\)$"),
+        (dict(training=dict(batch_size=2.5)), r"batch_size=2.5 \(an integer >= 1, or None\)$"),
+        (dict(training=dict(patience=True)), r"patience=True \(an integer >= 1\)$"),
         (dict(seed=-1), r"seed must be an integer from 0 to 2\*\*63 - 1, got -1"),
         (dict(seed=1.5), r"seed must be an integer .*got 1\.5"),
         (dict(training=dict(lr_schedule="linear")), r"lr_schedule='linear'.*one of \('constant', 'cosine'\)"),
@@ -367,6 +374,15 @@ def test_a_checkpoint_of_version_2_which_counted_rounds_from_0_is_refused(tmp_pa
 )
 def test_bad_settings_are_refused_with_the_setting_named(task, kwargs, match):
     with pytest.raises(ValueError, match=match):
+        dpsbi.SPPE(task, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(rounds="2"), dict(inner_samples=True), dict(sims_per_round=None, rounds=[3])]
+)
+def test_counts_that_are_not_numbers_are_refused_by_name(task, kwargs):
+    name = next(k for k, v in kwargs.items() if v is not None)
+    with pytest.raises(TypeError, match=rf"^{name} must be a number, got "):
         dpsbi.SPPE(task, **kwargs)
 
 
@@ -474,7 +490,7 @@ def test_naive_npe_spends_num_simulations_in_one_round(task):
     assert dpsbi.SPPE(task, amortized=True, sims_per_round=500).sims_per_round == 500
     assert not {"rounds", "sims_per_round", "inner_samples", "qmc"} & set(dpsbi.NaiveNPE.defaults())
     assert dpsbi.NaiveNPE.defaults(paper=True)["num_simulations"] == 10_000
-    with pytest.raises(ValueError, match="num_simulations >= 2"):
+    with pytest.raises(ValueError, match="num_simulations must be an integer >= 2, got 1"):
         dpsbi.NaiveNPE(task, num_simulations=1)
     for sequential in (dict(rounds=3), dict(sims_per_round=20), dict(rounds=3, sims_per_round=20)):
         with pytest.raises(

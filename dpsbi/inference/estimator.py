@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..files import exclusive
+from ..mechanisms.base import check_integer
 from ..mechanisms.epsilon import (
     at_epsilons,
     epsilon_limits,
@@ -253,10 +254,8 @@ class SequentialEstimator(abc.ABC):
     ) -> None:
         if unknown:
             raise TypeError(unexpected_keywords(type(self).__name__, unknown))
-        if int(rounds) < 1 or int(sims_per_round) < 2 or int(inner_samples) < 1:
-            raise ValueError(
-                f"need rounds >= 1, sims_per_round >= 2 and inner_samples >= 1, got {rounds}, {sims_per_round}, {inner_samples}"
-            )
+        rounds, inner_samples = check_integer("rounds", rounds), check_integer("inner_samples", inner_samples)
+        sims_per_round = check_integer("sims_per_round", sims_per_round, minimum=2)
         if qmc and inner_samples & (inner_samples - 1):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
         self.training = TrainingSettings.coerce(training, self.training_defaults)

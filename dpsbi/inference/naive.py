@@ -3,6 +3,7 @@ statistic, to show the bias of ignoring the privacy mechanism."""
 
 from __future__ import annotations
 
+from ..mechanisms.base import check_integer
 from ..tasks import Task
 from .estimator import SequentialEstimator, unexpected_keywords
 from .losses import posterior_loss
@@ -48,9 +49,8 @@ class NaiveNPE(SequentialEstimator):
                 "NaiveNPE ignores the mechanism, so its posterior does not depend on epsilon: it takes no epsilon_range"
             )
         check_release_shaped_like_summary(task)
-        if int(num_simulations) < 2:
-            raise ValueError(f"need num_simulations >= 2, got {num_simulations}")
-        super().__init__(task, 1, int(num_simulations), 1, False, **kwargs)
+        num_simulations = check_integer("num_simulations", num_simulations, minimum=2)
+        super().__init__(task, 1, num_simulations, 1, False, **kwargs)
 
     def flow_data(self, z, s, generator, epsilon=None):
         return z, s

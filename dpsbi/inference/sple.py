@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..mechanisms.base import lattice_cells
+from ..mechanisms.base import check_integer, lattice_cells
 from ..seeds import seeded_global_streams
 from ..tasks import Task
 from .estimator import SequentialEstimator
@@ -88,8 +88,8 @@ class SPLE(SequentialEstimator):
         self.dequantize = bool(dequantize) and bool(
             lattice_cells(task.mechanism)[0]
         )  # some coordinate's lattice
-        self.cell_points = int(cell_points)
-        if self.cell_points < 1 or self.cell_points & (self.cell_points - 1):
+        self.cell_points = check_integer("cell_points", cell_points)
+        if self.cell_points & (self.cell_points - 1):
             raise ValueError(f"cell_points must be a power of two, got {cell_points}")
         self.widening = resolve_widening(
             widening, self.default_widening(self.amortized, task), self.amortized, task.mechanism

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..mechanisms.base import check_integer
 from ..tasks import Task, with_options
 from .estimator import SequentialEstimator
 from .losses import atom_indices, noise_uniforms, posterior_log_prob, sppe_loss
@@ -116,9 +117,8 @@ class SPPE(SequentialEstimator):
             task, task_options, rounds, sims_per_round, kwargs
         )
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
-        if int(atoms) < 2:
-            raise ValueError(f"atomic APT needs atoms >= 2, got {atoms}")
-        if int(atoms) > min(self.training.batch_size, self.sims_per_round):
+        atoms = check_integer("atoms (atomic APT's contrasting parameters)", atoms, minimum=2)
+        if atoms > min(self.training.batch_size, self.sims_per_round):
             raise ValueError(
                 f"atoms={atoms} exceeds the batch size ({self.training.batch_size}) or sims_per_round ({self.sims_per_round})"
             )
@@ -135,13 +135,10 @@ class SPPE(SequentialEstimator):
             raise ValueError(
                 "truncate proposes inside the posterior at y_obs; amortized=True draws from the prior"
             )
-        if int(truncation_draws) < 1 or int(max_prior_draws) < 1:
-            raise ValueError(
-                f"truncation_draws and max_prior_draws must be >= 1, got {truncation_draws}, {max_prior_draws}"
-            )
-        self.atoms = int(atoms)
+        self.atoms = atoms
         self.truncate = None if truncate is None else float(truncate)
-        self.truncation_draws, self.max_prior_draws = int(truncation_draws), int(max_prior_draws)
+        self.truncation_draws = check_integer("truncation_draws", truncation_draws)
+        self.max_prior_draws = check_integer("max_prior_draws", max_prior_draws)
         if combined_loss and (self.amortized or truncate is not None):
             raise ValueError(
                 "combined_loss adds the plain loss to atomic rounds; amortized=True and truncate have none"

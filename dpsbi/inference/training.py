@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import functools
 import math
+import numbers
 import os
 import sys
 import time
@@ -134,32 +135,39 @@ class TrainingSettings(Settings):
     cuda_graph: bool | str = "auto"
 
     def __post_init__(self) -> None:
+        # each field's test and what it must be; bools are not numbers here, nor what equals one (1 for True)
         checks = {
-            "batch_size": self.batch_size is None or self.batch_size >= 1,
-            "lr": self.lr > 0,
-            "weight_decay": self.weight_decay is None or self.weight_decay >= 0,
-            "clip": self.clip > 0,
-            "patience": self.patience >= 1,
-            "max_epochs": self.max_epochs is None or self.max_epochs >= 1,
-            "max_steps": self.max_steps is None or self.max_steps >= 1,
-            "lr_schedule": self.lr_schedule in LR_SCHEDULES,
-            "validation_fraction": 0 < self.validation_fraction < 1,
-            "accelerator": self.accelerator in ACCELERATORS,
-            "devices": self.devices in (1, "1", "auto") or _device_index(self.devices) is not None,
-            "precision": str(self.precision) in (*PRECISIONS, *MIXED),
-            "threads": self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
-            # bools, not what equals one (1 would pass as True)
-            "compile": isinstance(self.compile, bool) or self.compile == "auto",
-            "cuda_graph": isinstance(self.cuda_graph, bool) or self.cuda_graph == "auto",
+            "batch_size": (_count(self.batch_size, optional=True), "an integer >= 1, or None"),
+            "lr": (_real(self.lr) and self.lr > 0, "a number > 0"),
+            "weight_decay": (
+                self.weight_decay is None or (_real(self.weight_decay) and self.weight_decay >= 0),
+                "a number >= 0, or None",
+            ),
+            "clip": (_real(self.clip) and self.clip > 0, "a number > 0"),
+            "patience": (_count(self.patience), "an integer >= 1"),
+            "max_epochs": (_count(self.max_epochs, optional=True), "an integer >= 1, or None"),
+            "max_steps": (_count(self.max_steps, optional=True), "an integer >= 1, or None"),
+            "lr_schedule": (self.lr_schedule in LR_SCHEDULES, f"one of {LR_SCHEDULES}"),
+            "validation_fraction": (
+                _real(self.validation_fraction) and 0 < self.validation_fraction < 1,
+                "a fraction in (0, 1)",
+            ),
+            "accelerator": (self.accelerator in ACCELERATORS, f"one of {ACCELERATORS}"),
+            "devices": (
+                self.devices in (1, "1", "auto") or _device_index(self.devices) is not None,
+                "1, 'auto' or [k]: one device",
+            ),
+            "precision": (str(self.precision) in (*PRECISIONS, *MIXED), f"one of {(*PRECISIONS, *MIXED)}"),
+            "threads": (_count(self.threads, optional=True), "an integer >= 1, or None"),
+            "compile": (isinstance(self.compile, bool) or self.compile == "auto", "True, False or 'auto'"),
+            "cuda_graph": (
+                isinstance(self.cuda_graph, bool) or self.cuda_graph == "auto",
+                "True, False or 'auto'",
+            ),
         }
-        bad = [name for name, ok in checks.items() if not ok]
+        bad = [f"{name}={getattr(self, name)!r} ({rule})" for name, (ok, rule) in checks.items() if not ok]
         if bad:
-            raise ValueError(
-                f"invalid training settings: {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)} "
-                f"(lr_schedule: one of {LR_SCHEDULES}; accelerator: one of {ACCELERATORS}; devices: 1 or [k], "
-                f"one device; precision: one of {(*PRECISIONS, *MIXED)}; compile and cuda_graph: True, False or "
-                "'auto')"
-            )
+            raise ValueError(f"invalid training settings: {'; '.join(bad)}")
         if self.cuda_graph is True and (
             self.accelerator in ("cpu", "mps") or self.compile is True or str(self.precision) in MIXED
         ):
@@ -171,6 +179,18 @@ class TrainingSettings(Settings):
             raise ValueError(
                 "training lr_schedule='cosine' decays over a round's max_steps: set max_steps (e.g. 500)"
             )
+
+
+def _real(value) -> bool:
+    """Whether ``value`` is a real number (a bool is not)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _count(value, optional: bool = False) -> bool:
+    """Whether ``value`` is an integer >= 1 (a bool is not; ``2.0`` is not), or ``None`` where ``optional``."""
+    if value is None:
+        return optional
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 def _device_index(devices) -> int | None:
