@@ -136,6 +136,11 @@ def test_simulation_cap_raises_with_progress(poisson):
 
 
 def test_bad_input_is_named(poisson):
+    # a count that is not whole is refused before any simulation (2.5 draws ran the loop, then failed slicing)
+    with pytest.raises(ValueError, match=r"^num_samples must be an integer >= 1, got 2.5$"):
+        rejection_abc(poisson, 2.5, progress=False)
+    with pytest.raises(ValueError, match=r"^num_particles must be an integer >= 2, got 100.5$"):
+        smc_abc(poisson, num_particles=100.5, progress=False)
     with pytest.raises(ValueError, match="shape"):
         rejection_abc(poisson, 10, y=torch.zeros(1, 3), progress=False)
     with pytest.raises(ValueError, match="single release"):

@@ -178,8 +178,10 @@ def test_bad_settings_are_refused_in_one_line(rough):
         abc_is(rough.task, 10, y=RELEASE, simulations_per_draw=0, progress=False)
     with pytest.raises(ValueError, match="adapt must be in \\[0, 1\\)"):
         corrected(rough, 10, y=RELEASE, epsilon=EPSILON, adapt=1.0)
-    with pytest.raises(ValueError, match="num_draws >= 2 and simulations_per_draw >= 1"):
+    with pytest.raises(ValueError, match="corrected: simulations_per_draw must be an integer >= 1, got 0"):
         corrected(rough, 10, y=RELEASE, epsilon=EPSILON, simulations_per_draw=0)
+    with pytest.raises(ValueError, match="corrected: num_draws must be an integer >= 2, got 10.5"):
+        corrected(rough, 10.5, y=RELEASE, epsilon=EPSILON)
     likelihood = dataclasses.make_dataclass("Likelihood", [("method", str)])("SPLE")
     with pytest.raises(ValueError, match="corrected needs a posterior flow \\(SPPE, NaiveNPE\\), not a SPLE"):
         corrected(likelihood, 10)

@@ -374,10 +374,14 @@ def test_clear_errors():
         mhaar(poisson, 10, 2, 0.1, mode="summary", progress=False)
     with pytest.raises(ValueError, match="record-level model"):
         mhaar(poisson, 10, 2, 0.1, mode="records", progress=False)
-    with pytest.raises(ValueError, match="num_particles >= 2"):
+    with pytest.raises(ValueError, match="MHAAR's num_particles must be an integer >= 2, got 1"):
         mhaar(poisson, 10, 1, 0.1, model=PoissonCount(), progress=False)
-    with pytest.raises(ValueError, match="num_particles must be >= 1"):
+    with pytest.raises(ValueError, match="num_particles must be an integer >= 1, got 0"):
         pmmh(poisson, 10, 0, 0.1, progress=False)
+    with pytest.raises(
+        ValueError, match=r"num_particles must be an integer >= 1, got 2.5"
+    ):  # not 2 particles
+        pmmh(poisson, 10, 2.5, 0.1, progress=False)
     batch = load("normal_variance")
     with pytest.raises(ValueError, match="sequential=True"):
         mhaar(batch, 10, 2, 0.1, mode="sequential", progress=False)

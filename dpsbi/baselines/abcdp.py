@@ -25,6 +25,7 @@ from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
 from ..mechanisms import Gaussian, Laplace
+from ..mechanisms.base import check_integer
 from ..seeds import seeded_global_streams
 from ..tasks import Task
 from .result import BaselineResult
@@ -35,9 +36,8 @@ Simulator = Callable[[Tensor, "torch.Generator | None"], Tensor]
 
 def _composition_factor(num_accepted: int, resample: bool) -> int:
     """How many multiples of ``Delta / b`` Theorem 1 charges: ``2c`` with RESAMPLE, ``c + 1`` without."""
-    if int(num_accepted) != num_accepted or num_accepted < 1:
-        raise ValueError(f"the number of accepted samples c must be an integer >= 1, got {num_accepted}")
-    return 2 * int(num_accepted) if resample else int(num_accepted) + 1
+    num_accepted = check_integer("the number of accepted samples c", num_accepted)
+    return 2 * num_accepted if resample else num_accepted + 1
 
 
 def abcdp_epsilon(num_accepted: int, sensitivity: float, noise_scale: float, resample: bool) -> float:
@@ -224,8 +224,10 @@ def abcdp(
         sensitivity = clip if sensitivity is None else min(sensitivity, clip)
     if sensitivity is None:
         raise ValueError("the distance has no known sensitivity: pass sensitivity=<bound> or clip=<C>")
-    if int(max_proposals) < 1 or int(batch_size) < 1:
-        raise ValueError(f"max_proposals and batch_size must be >= 1, got {max_proposals} and {batch_size}")
+    max_proposals, batch_size = (
+        check_integer("max_proposals", max_proposals),
+        check_integer("batch_size", batch_size),
+    )
     noise_scale = abcdp_noise_scale(epsilon_total, num_accepted, sensitivity, resample)
     svt = SparseVector(epsilon_abc, noise_scale, num_accepted, resample, generator)
     draws, proposals, simulations, flips, expected_flips = [], 0, 0, 0, 0.0

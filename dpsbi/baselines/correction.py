@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..mechanisms.base import check_integer
 from ..tasks.base import Task, prior_device
 from ..tasks.identity import differences, identity
 from .exact_abc import _at_epsilon, kish_ess, mechanism_log_weights, normalize, seeded
@@ -102,11 +103,8 @@ def corrected(
         raise ValueError(
             f"corrected: adapt must be in [0, 1): the second stage's share of draws, got {adapt}"
         )
-    if int(num_draws) < 2 or int(simulations_per_draw) < 1:
-        raise ValueError(
-            f"corrected needs num_draws >= 2 and simulations_per_draw >= 1, got {num_draws} and "
-            f"{simulations_per_draw}"
-        )
+    num_draws = check_integer("corrected: num_draws", num_draws, minimum=2)
+    simulations_per_draw = check_integer("corrected: simulations_per_draw", simulations_per_draw)
     y = posterior.default_x if y is None else y
     first = posterior.proposal(y, epsilon=epsilon, defensive=defensive)
     mechanism = task.mechanism if epsilon is None else _at_epsilon(task, epsilon, "corrected")

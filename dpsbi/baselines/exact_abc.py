@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 from tqdm.auto import tqdm
 
-from ..mechanisms.base import Mechanism
+from ..mechanisms.base import Mechanism, check_integer
 from ..seeds import check_seed, seeded_global_streams
 from ..tasks import Task
 from .result import BaselineResult
@@ -115,9 +115,9 @@ def _at_epsilon(task: Task, epsilon: float, method: str) -> Mechanism:
 
 
 def _check_counts(**counts: int) -> None:
+    """Raise naming the first of ``counts`` that is not an integer >= 1 (:func:`check_integer`)."""
     for name, value in counts.items():
-        if int(value) < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_integer(name, value)
 
 
 def rejection_abc(

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..mechanisms import Mechanism
+from ..mechanisms.base import check_integer
 from ..tasks import Task
 from ..tasks.latent import (
     GaussianCLT,
@@ -101,8 +102,8 @@ def _fisher_identity(
 
 
 def _check_counts(num_releases: int, num_inner: int) -> None:
-    if int(num_releases) < 2 or int(num_inner) < 1:
-        raise ValueError(f"need num_releases >= 2 and num_inner >= 1, got {num_releases} and {num_inner}")
+    check_integer("num_releases", num_releases, minimum=2)
+    check_integer("num_inner", num_inner)
 
 
 def fisher_summary_is(

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..mechanisms.base import check_integer
 from ..tasks import Task
 from .exact_abc import kish_ess, normalize, seeded, target_release
 
@@ -135,10 +136,8 @@ def mcem(
         raise ValueError(
             f"{method}: stages must be a non-empty list of (num_draws >= 2, tolerance > 0), got {stages}"
         )
-    if int(max_iterations) < 1 or int(batch_size) < 1:
-        raise ValueError(
-            f"{method}: max_iterations and batch_size must be >= 1, got {max_iterations}, {batch_size}"
-        )
+    max_iterations = check_integer(f"{method}: max_iterations", max_iterations)
+    batch_size = check_integer(f"{method}: batch_size", batch_size)
     y = target_release(task, y, method).double()
     theta = task.prior.mean.to(y) if theta0 is None else torch.as_tensor(theta0).to(y).reshape(-1)
     theta = task.check_theta(theta[None])[0]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..mechanisms import Mechanism
-from ..mechanisms.base import open_unit
+from ..mechanisms.base import check_integer, open_unit
 from ..tasks import Task
 from ..tasks.latent import (
     ReparameterizedRecords,
@@ -57,11 +57,9 @@ class AveragedMove(Move):
     """Alg. 6-8: the particles and their log weights come from a subclass; ratio and redraw are shared."""
 
     def __init__(self, mechanism: Mechanism, y: Tensor, num_particles: int) -> None:
-        if int(num_particles) < 2:
-            raise ValueError(
-                f"MHAAR needs num_particles >= 2 (the current latent and fresh ones), got {num_particles}"
-            )
-        self.mechanism, self.y, self.num_particles = mechanism, y, int(num_particles)
+        # the current latent and fresh ones
+        self.num_particles = check_integer("MHAAR's num_particles", num_particles, minimum=2)
+        self.mechanism, self.y = mechanism, y
         self.simulations_per_step = self.num_particles - 1
         self.info = dict(num_particles=self.num_particles)
 

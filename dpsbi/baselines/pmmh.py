@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..mechanisms import Mechanism
+from ..mechanisms.base import check_integer
 from ..tasks import Task
 from ..tasks.latent import SummaryModel
 from .exact_abc import target_release
@@ -27,10 +28,8 @@ class PseudoMarginal(Move):
     """``log Z(theta)`` from ``num_particles`` summaries of ``simulate(theta (C*N, d), generator)``."""
 
     def __init__(self, simulate: Simulate, mechanism: Mechanism, y: Tensor, num_particles: int) -> None:
-        if int(num_particles) < 1:
-            raise ValueError(f"num_particles must be >= 1, got {num_particles}")
         self.simulate, self.mechanism, self.y = simulate, mechanism, y
-        self.num_particles = self.simulations_per_step = int(num_particles)
+        self.num_particles = self.simulations_per_step = check_integer("num_particles", num_particles)
         self.info = dict(num_particles=self.num_particles)
 
     def log_estimate(self, theta: Tensor, generator: torch.Generator | None) -> Tensor:

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..mechanisms.base import check_integer
 from ..tasks import Task
 from .exact_abc import (
     SimulationBudgetExceeded,
@@ -213,8 +214,7 @@ def smc_abc(
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "mechanism":
         task.require_mechanism_release("smc_abc(kernel='mechanism')")
-    if int(num_particles) < 2:
-        raise ValueError(f"num_particles must be >= 2, got {num_particles}")
+    num_particles = check_integer("num_particles", num_particles, minimum=2)
     if not 0 < ess_min <= 1:
         raise ValueError(f"ess_min is a fraction of num_particles in (0, 1], got {ess_min}")
     if not kernel_scale > 0:
