@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 # Importing the experiment config also registers its ${dpsbi_run_id:} resolver, which sweep jobs run in other
 # processes (joblib, Slurm) need before Hydra resolves their directory.
 from .experiment.config import ConfigError, config_dir
+from .files import _first_line
 
 
 def run() -> None:
@@ -77,34 +79,152 @@ def _job(cfg) -> None:
         (output_dir / ERROR_FILE).unlink(missing_ok=True)
 
 
+#: What ``--release-file`` holds, said in its refusals.
+RELEASE_FILE_HOLDS = (
+    "a release file holds one release: its numbers on one row (.csv/.txt), a list of numbers (.json), "
+    "a 1-D array (.npy) or a 1-D tensor (.pt)"
+)
+
+
 def read_release(text: str | None = None, path: str | Path | None = None) -> torch.Tensor | None:
-    """A release ``(1, d)`` from comma/space separated ``text`` or a file (``.npy``, ``.pt``, ``.json`` list, or
-    text/CSV with one row); ``None`` when neither is given."""
+    """One release ``(1, d)`` from ``text`` (``--release``) or the file at ``path`` (``--release-file``);
+    ``None`` when neither is given. ``text``, and a ``.csv``/``.txt`` (any other suffix) file, is one row of
+    numbers separated by commas and/or spaces (no header; a trailing newline and a UTF-8 byte-order mark are
+    fine, an empty field between commas is refused). A ``.json`` file holds a list of numbers, a ``.npy`` file a
+    numeric array and a ``.pt`` file a tensor (or a list of numbers), 1-D or of shape ``(1, d)``. A file holding
+    several releases (several rows), anything else, or a file that cannot be read is a ``ValueError`` naming
+    the file (many releases: ``--releases FILE.csv``, :func:`read_releases`)."""
     if text is not None and path is not None:
         raise ValueError("give the release either inline (--release) or as a file (--release-file), not both")
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"release file {path} does not exist")
-        if path.suffix == ".npy":
-            values = np.load(path)
-        elif path.suffix == ".pt":
-            values = torch.load(path, map_location="cpu", weights_only=True)
-        elif path.suffix == ".json":
-            values = json.loads(path.read_text())
-        else:
-            text = path.read_text()
-    if text is not None:
-        try:
-            values = [float(v) for v in text.replace(",", " ").split()]
-        except ValueError:
-            raise ValueError(f"a release is a list of numbers, got {text.strip()[:80]!r}") from None
-    if text is None and path is None:
+        values = _release_file_values(Path(path))
+    elif text is not None:
+        values = _release_row(text, "--release")
+    else:
         return None
-    release = torch.as_tensor(np.asarray(values, dtype=np.float64), dtype=torch.get_default_dtype())
-    if release.numel() == 0:
-        raise ValueError("the release is empty")
-    return release.reshape(1, -1)
+    return torch.as_tensor(values, dtype=torch.get_default_dtype()).reshape(1, -1)
+
+
+def _release_file_values(path: Path) -> np.ndarray:
+    """The numbers of the release file at ``path`` (see :func:`read_release`), or a one-line ``ValueError``."""
+    where = f"release file {path}"
+    if not path.is_file():
+        raise ValueError(f"{where} does not exist")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read {where} ({error.strerror or error})") from None
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        try:
+            values = np.load(io.BytesIO(data), allow_pickle=False)
+        except (ValueError, EOFError) as error:  # not an .npy file, truncated, or an array of objects
+            reason = _first_line(error)
+            if "allow_pickle" in reason:  # numpy's advice to load it unsafely: not ours to give
+                reason = "not an array of numbers saved by np.save"
+            raise ValueError(f"{where} is not a readable .npy array ({reason})") from None
+    elif suffix == ".pt":
+        try:
+            values = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as error:  # truncated, not a torch file, or a pickle of objects other than tensors
+            reason = _first_line(error)
+            # torch's "Weights only load failed" advises loading it unsafely: not ours to give
+            if "weights" in reason.lower() or not reason:
+                reason = "not a file of tensors and numbers written by torch.save"
+            reason = reason.split(". ")[0]
+            raise ValueError(
+                f"{where} is not a readable torch file ({type(error).__name__}: {reason})"
+            ) from None
+    elif suffix == ".json":
+        try:
+            values = json.loads(_utf8(data, where))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where} is not valid JSON ({error})") from None
+    else:
+        return _release_row(_utf8(data, where), where)
+    return _release_array(values, where)
+
+
+def _utf8(data: bytes, where: str) -> str:
+    """``data`` decoded as UTF-8 (a byte-order mark dropped), or a ``ValueError`` naming ``where``."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\x00" in text:  # UTF-16 without a byte-order mark decodes, with NUL bytes
+        raise ValueError(f"{where} is not UTF-8 text (UTF-16 or binary?): save it as UTF-8")
+    return text
+
+
+def _release_row(text: str, where: str) -> np.ndarray:
+    """The numbers of one row of ``text``, separated by commas and/or spaces, or a ``ValueError`` naming
+    ``where``: several non-empty lines (several releases), an empty field between commas, or a non-number."""
+    rows = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(rows) > 1:
+        first = rows[0].replace(",", " ").split()
+        if first and not _is_number(first[0]):
+            raise ValueError(
+                f"{where}: a release is one row of numbers, without a header; got {rows[0][:80]!r}"
+            )
+        raise ValueError(_several(where, len(rows), "rows"))
+    if not rows:
+        raise ValueError(f"{where} holds no numbers: the release is empty")
+    fields = [field.split() for field in rows[0].split(",")]
+    if any(not field for field in fields):
+        raise ValueError(f"{where}: an empty field between commas in {rows[0][:80]!r}; give every number")
+    try:
+        return np.array([float(v) for field in fields for v in field], dtype=np.float64)
+    except ValueError:
+        raise ValueError(f"{where}: a release is a list of numbers, got {rows[0][:80]!r}") from None
+
+
+def _several(where: str, count: int, what: str) -> str:
+    return (
+        f"{where} holds {count} {what}: several releases, where one is read (one row of numbers); "
+        "for many releases give --releases FILE.csv (a header row, one release a row)"
+    )
+
+
+def _release_array(values, where: str) -> np.ndarray:
+    """``values`` loaded from a release file (an array, a tensor, a list or a number) as a 1-D float array, or a
+    ``ValueError`` naming ``where`` and what a release file holds."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype == torch.bool or values.is_complex():
+            raise ValueError(f"{where} holds a tensor of {values.dtype}, not numbers; {RELEASE_FILE_HOLDS}")
+        values = values.detach().cpu().double().numpy()
+    elif isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iuf":
+            raise ValueError(f"{where} holds an array of {values.dtype}, not numbers; {RELEASE_FILE_HOLDS}")
+    elif not _numbers(values):
+        raise ValueError(f"{where} holds {_described(values)}, not a release; {RELEASE_FILE_HOLDS}")
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except ValueError:  # ragged lists
+        raise ValueError(f"{where} holds lists of unequal lengths; {RELEASE_FILE_HOLDS}") from None
+    if array.ndim > 2:
+        raise ValueError(f"{where} holds an array of shape {tuple(array.shape)}; {RELEASE_FILE_HOLDS}")
+    if array.ndim == 2 and array.shape[0] != 1:
+        raise ValueError(_several(where, array.shape[0], f"rows (shape {tuple(array.shape)})"))
+    if array.size == 0:
+        raise ValueError(f"{where} holds no numbers: the release is empty")
+    return array.reshape(-1)
+
+
+def _numbers(values) -> bool:
+    """Whether ``values`` is a number or (nested) lists of numbers; ``True``/``False`` are not numbers."""
+    if isinstance(values, (list, tuple)):
+        return all(_numbers(v) for v in values)
+    return isinstance(values, (int, float)) and not isinstance(values, bool)
+
+
+def _described(values) -> str:
+    """``values`` in a few words, for a refusal: ``a dict (keys 'mean', 'x')``."""
+    if isinstance(values, dict):
+        keys = ", ".join(repr(k) for k in list(values)[:4]) + (", ..." if len(values) > 4 else "")
+        return f"a {type(values).__name__} (keys {keys})" if values else f"an empty {type(values).__name__}"
+    if isinstance(values, (list, tuple)):
+        return f"a {type(values).__name__} holding something other than numbers"
+    return f"a {type(values).__name__} ({str(values)[:40]!r})"
 
 
 #: Columns of ``dpsbi-sample --summary``: per release and parameter, the mean, sd and three quantiles, and
@@ -257,7 +377,11 @@ def sample(argv: list[str] | None = None) -> None:
         "--release",
         help="the release, comma or space separated (default: the run's y_obs); write --release=-0.4,2.9 when it starts with a minus",
     )
-    parser.add_argument("--release-file", help="a file holding the release (.csv/.txt, .npy, .pt, .json)")
+    parser.add_argument(
+        "--release-file",
+        help="a file holding one release: its numbers on one row (.csv/.txt, comma or space separated, no "
+        "header), a list of numbers (.json), a 1-D array (.npy) or a 1-D tensor (.pt); many releases: --releases",
+    )
     parser.add_argument(
         "--releases",
         type=Path,

@@ -260,3 +260,91 @@ def test_a_run_sampled_from_another_folder_says_where_to_run(tmp_path, monkeypat
         message = str(error.value)
         assert "run dpsbi-sample in the folder dpsbi-run ran in" in message and "y_obs" not in message
         assert "\n" not in message and "elsewhere_model" in message
+
+
+# --- --release and --release-file: one release, or one line naming the file and what it holds ----------------
+def _save_npy(array):
+    return lambda path: np.save(path, np.asarray(array))
+
+
+def _save_pt(value):
+    return lambda path: torch.save(value, path)
+
+
+def _truncated_pt(path):
+    torch.save(torch.tensor([0.62, 1.87]), path)
+    path.write_bytes(path.read_bytes()[:200])
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("obj.json", '{"mean": 0.62, "x": 1.87}', "holds a dict (keys 'mean', 'x'), not a release"),
+        ("dict.pt", _save_pt({"mean": torch.tensor(0.62)}), "holds a dict (keys 'mean'), not a release"),
+        ("strings.json", '["0.62", 1.87]', "something other than numbers"),
+        ("random.pt", bytes(range(256)) * 4, "is not a readable torch file"),
+        ("truncated.pt", _truncated_pt, "is not a readable torch file"),
+        ("empty.pt", b"", "is not a readable torch file"),
+        ("random.npy", bytes(range(256)), "is not a readable .npy array"),
+        ("bad.json", "[0.62, ", "is not valid JSON"),
+        ("two.npy", _save_npy([[0.1, 0.2], [0.3, 0.4]]), "holds 2 rows (shape (2, 2)): several releases"),
+        ("two.json", "[[0.1, 0.2], [0.3, 0.4]]", "holds 2 rows (shape (2, 2)): several releases"),
+        ("two.pt", _save_pt(torch.zeros(2, 2)), "holds 2 rows (shape (2, 2)): several releases"),
+        ("two.csv", "0.1,0.2\n0.3,0.4\n", "holds 2 rows: several releases"),
+        ("header.csv", "y0,y1\n0.1,0.2\n", "one row of numbers, without a header; got 'y0,y1'"),
+        ("utf16.csv", "0.62,1.87\n".encode("utf-16"), "is not UTF-8 text"),
+        ("utf16le.csv", "0.62,1.87\n".encode("utf-16-le"), "is not UTF-8 text"),
+        ("gap.csv", "0.1,,0.2\n", "an empty field between commas in '0.1,,0.2'"),
+    ],
+)
+def test_a_release_file_that_is_not_one_release_is_refused_in_one_line(tmp_path, name, content, message):
+    path = tmp_path / name
+    if callable(content):
+        content(path)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(ValueError) as error:
+        cli.read_release(path=path)
+    text = str(error.value)
+    assert message in text and f"release file {path}" in text and "\n" not in text
+    assert "weights_only" not in text and "allow_pickle" not in text  # no advice to load a file unsafely
+    if "several releases" in message:
+        assert "--releases FILE.csv" in text
+
+
+def test_a_bad_release_file_stops_dpsbi_sample_in_one_line_before_loading(tmp_path):
+    """The release is read before the posterior: an empty stand-in posterior file is never opened."""
+    (tmp_path / "posterior.pt").write_bytes(b"")
+    (tmp_path / "release.json").write_text('{"mean": 0.62, "x": 1.87}')
+    with pytest.raises(SystemExit) as error:
+        cli.sample([str(tmp_path / "posterior.pt"), "--release-file", str(tmp_path / "release.json")])
+    assert str(error.value).startswith(f"dpsbi-sample: error: release file {tmp_path / 'release.json'} holds")
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("bom.csv", "\ufeff0.62,1.87\n"),
+        ("bom.json", "\ufeff[0.62, 1.87]"),
+        ("spaced.txt", "0.62 1.87\n\n"),
+        ("row.json", "[[0.62, 1.87]]"),
+        ("row.npy", _save_npy([[0.62, 1.87]])),
+        ("row.pt", _save_pt(torch.tensor([[0.62, 1.87]]))),
+        ("list.pt", _save_pt([0.62, 1.87])),
+    ],
+)
+def test_one_release_in_a_file_is_read(tmp_path, name, content):
+    """A UTF-8 byte-order mark, blank lines and a ``(1, d)`` array are one release."""
+    path = tmp_path / name
+    content(path) if callable(content) else path.write_text(content, encoding="utf-8")
+    torch.testing.assert_close(cli.read_release(path=path), torch.tensor([[0.62, 1.87]]))
+
+
+def test_an_inline_release_with_an_empty_field_is_refused():
+    for text in ("0.1, 0.2", "0.1 0.2", "0.1,0.2\n", "-0.4, 2.9"):
+        assert cli.read_release(text).shape == (1, 2)
+    for text in ("0.1,,0.2", "0.1,0.2,", ",0.1,0.2"):  # a field left empty: a number lost, not skipped
+        with pytest.raises(ValueError, match="--release: an empty field between commas"):
+            cli.read_release(text)
