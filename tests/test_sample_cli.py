@@ -348,3 +348,23 @@ def test_an_inline_release_with_an_empty_field_is_refused():
     for text in ("0.1,,0.2", "0.1,0.2,", ",0.1,0.2"):  # a field left empty: a number lost, not skipped
         with pytest.raises(ValueError, match="--release: an empty field between commas"):
             cli.read_release(text)
+
+
+def test_a_custom_factory_error_gives_no_task_y_obs_hint(tmp_path, monkeypatch):
+    """A custom task's config has no ``y_obs`` key (its release comes from the factory): dpsbi-run's hint to set
+    ``task.y_obs`` would fail in Hydra. A built-in task's release error keeps the hint."""
+    from dpsbi.experiment import ConfigError
+    from dpsbi.experiment.config import build_task
+
+    (tmp_path / "nope_model.py").write_text(NAMED_MODEL)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        build_task({"name": "custom", "factory": "nope_model:nope", "epsilon": None})
+    assert "has no function 'nope'" in str(error.value) and "y_obs" not in str(error.value)
+    (tmp_path / "unobserved.py").write_text(NAMED_MODEL.replace("task.y_obs,", "None,"))
+    with pytest.raises(ConfigError) as error:
+        build_task({"name": "custom", "factory": "unobserved:make_task", "epsilon": None})
+    assert "returned a task with no observed release: give its y_obs" in str(error.value)
+    assert "task.y_obs" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"task\.y_obs=simulate or task\.y_obs=\[\.\.\.\]"):
+        build_task({"name": "conjugate_gaussian", "y_obs": [1.0]})

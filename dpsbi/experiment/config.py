@@ -100,11 +100,20 @@ def build_task(task_config: dict) -> Task:
     epsilon = config.get("epsilon")
     if epsilon is not None and not (isinstance(epsilon, (int, float)) and 0 < epsilon < float("inf")):
         raise ConfigError(f"task.epsilon must be a finite number > 0, got {epsilon!r}")
+    # A task's config group lists y_obs, except a custom task's, whose release comes from its factory: there,
+    # task.y_obs is no key to set (Hydra refuses it) and the factory's own errors name task.factory.
+    settable = "y_obs" in config
     try:
         task = tasks.load(name, **config)
     except ValueError as error:
-        raise ConfigError(f"{error} (on the command line: task.y_obs=simulate or task.y_obs=[...])") from None
+        hint = " (on the command line: task.y_obs=simulate or task.y_obs=[...])" if settable else ""
+        raise ConfigError(f"{error}{hint}") from None
     if task.y_obs is None:
+        if not settable and name == "custom":
+            raise ConfigError(
+                f"task.factory {config.get('factory')!r} returned a task with no observed release: "
+                "give its y_obs (dpsbi.from_simulator(..., y_obs=...))"
+            )
         raise ConfigError(
             f"task {name!r} has no observed release: set task.y_obs=simulate or task.y_obs=[...]"
         )
