@@ -22,7 +22,7 @@ import torch
 # Importing the experiment config also registers its ${dpsbi_run_id:} resolver, which sweep jobs run in other
 # processes (joblib, Slurm) need before Hydra resolves their directory.
 from .experiment.config import ConfigError, config_dir
-from .files import _first_line
+from .files import first_line
 
 
 def run() -> None:
@@ -81,19 +81,19 @@ def _job(cfg) -> None:
 
 #: What ``--release-file`` holds, said in its refusals.
 RELEASE_FILE_HOLDS = (
-    "a release file holds one release: its numbers on one row (.csv/.txt), a list of numbers (.json), "
+    "a release file holds one release: its numbers on one row or one a line (.csv/.txt), a list of numbers (.json), "
     "a 1-D array (.npy) or a 1-D tensor (.pt)"
 )
 
 
 def read_release(text: str | None = None, path: str | Path | None = None) -> torch.Tensor | None:
-    """One release ``(1, d)`` from ``text`` (``--release``) or the file at ``path`` (``--release-file``);
-    ``None`` when neither is given. ``text``, and a ``.csv``/``.txt`` (any other suffix) file, is one row of
-    numbers separated by commas and/or spaces (no header; a trailing newline and a UTF-8 byte-order mark are
-    fine, an empty field between commas is refused). A ``.json`` file holds a list of numbers, a ``.npy`` file a
-    numeric array and a ``.pt`` file a tensor (or a list of numbers), 1-D or of shape ``(1, d)``. A file holding
-    several releases (several rows), anything else, or a file that cannot be read is a ``ValueError`` naming
-    the file (many releases: ``--releases FILE.csv``, :func:`read_releases`)."""
+    """One release ``(1, d)`` from ``text`` (``--release``) or the file at ``path`` (``--release-file``); ``None``
+    when neither is given. ``text``, and a ``.csv``/``.txt`` (any other suffix) file, is one row of numbers
+    separated by commas and/or spaces (a file: or one number a line; no header; a trailing newline and a UTF-8
+    byte-order mark are fine, an empty field between commas is refused). A ``.json`` file holds a list of numbers, a
+    ``.npy`` file a numeric array and a ``.pt`` file a tensor (or a list of numbers), 1-D or of shape ``(1, d)`` or
+    ``(d, 1)``. A file holding several releases (several rows), anything else, or a file that cannot be read is a
+    ``ValueError`` naming the file (many releases: ``--releases FILE.csv``, :func:`read_releases`)."""
     if text is not None and path is not None:
         raise ValueError("give the release either inline (--release) or as a file (--release-file), not both")
     if path is not None:
@@ -119,7 +119,7 @@ def _release_file_values(path: Path) -> np.ndarray:
         try:
             values = np.load(io.BytesIO(data), allow_pickle=False)
         except (ValueError, EOFError) as error:  # not an .npy file, truncated, or an array of objects
-            reason = _first_line(error)
+            reason = first_line(error)
             if "allow_pickle" in reason:  # numpy's advice to load it unsafely: not ours to give
                 reason = "not an array of numbers saved by np.save"
             raise ValueError(f"{where} is not a readable .npy array ({reason})") from None
@@ -127,7 +127,7 @@ def _release_file_values(path: Path) -> np.ndarray:
         try:
             values = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as error:  # truncated, not a torch file, or a pickle of objects other than tensors
-            reason = _first_line(error)
+            reason = first_line(error)
             # torch's "Weights only load failed" advises loading it unsafely: not ours to give
             if "weights" in reason.lower() or not reason:
                 reason = "not a file of tensors and numbers written by torch.save"
@@ -157,9 +157,12 @@ def _utf8(data: bytes, where: str) -> str:
 
 
 def _release_row(text: str, where: str) -> np.ndarray:
-    """The numbers of one row of ``text``, separated by commas and/or spaces, or a ``ValueError`` naming
-    ``where``: several non-empty lines (several releases), an empty field between commas, or a non-number."""
+    """The numbers of one row of ``text``, separated by commas and/or spaces (or of a column, a number a line),
+    or a ``ValueError`` naming ``where``: several rows of several numbers (several releases), an empty field
+    between commas, or a non-number."""
     rows = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(rows) > 1 and all(_is_number(row.rstrip(",")) for row in rows):  # a column, as np.savetxt writes
+        return np.array([float(row.rstrip(",")) for row in rows], dtype=np.float64)
     if len(rows) > 1:
         first = rows[0].replace(",", " ").split()
         if first and not _is_number(first[0]):
@@ -203,7 +206,7 @@ def _release_array(values, where: str) -> np.ndarray:
         raise ValueError(f"{where} holds lists of unequal lengths; {RELEASE_FILE_HOLDS}") from None
     if array.ndim > 2:
         raise ValueError(f"{where} holds an array of shape {tuple(array.shape)}; {RELEASE_FILE_HOLDS}")
-    if array.ndim == 2 and array.shape[0] != 1:
+    if array.ndim == 2 and 1 not in array.shape:  # a row or a column is one release
         raise ValueError(_several(where, array.shape[0], f"rows (shape {tuple(array.shape)})"))
     if array.size == 0:
         raise ValueError(f"{where} holds no numbers: the release is empty")
@@ -379,7 +382,7 @@ def sample(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--release-file",
-        help="a file holding one release: its numbers on one row (.csv/.txt, comma or space separated, no "
+        help="a file holding one release: its numbers on one row or one a line (.csv/.txt, comma or space separated, no "
         "header), a list of numbers (.json), a 1-D array (.npy) or a 1-D tensor (.pt); many releases: --releases",
     )
     parser.add_argument(

@@ -93,7 +93,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
             raise
         raise WriteError(
             f"could not write {path}: the disk may be full or the folder not writable; free space or choose "
-            f"another folder ({type(error).__name__}: {_first_line(error)})",
+            f"another folder ({type(error).__name__}: {first_line(error)})",
         ) from error
     finally:
         tmp.unlink(missing_ok=True)
@@ -162,7 +162,7 @@ def load_sealed(path: str | os.PathLike, what: str, map_location=None) -> dict:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # truncated, flipped bytes in the archive, or a pickle of arbitrary objects
         raise CorruptFileError(
-            f"{path} is not a readable {what} ({type(error).__name__}: {_first_line(error)})"
+            f"{path} is not a readable {what} ({type(error).__name__}: {first_line(error)})"
         ) from None
     if not isinstance(payload, dict) or not isinstance(payload.get(SEAL), str):
         raise CorruptFileError(f"{path} is not a {what} written by this dpsbi (no checksum); refusing it")
@@ -178,7 +178,8 @@ def load_sealed(path: str | os.PathLike, what: str, map_location=None) -> dict:
     return payload
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
+    """The first line of ``error``'s message, at most 200 characters: for a one-line refusal."""
     text = str(error).strip().splitlines()
     return text[0][:200] if text else ""
 

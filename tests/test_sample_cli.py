@@ -333,10 +333,13 @@ def test_a_bad_release_file_stops_dpsbi_sample_in_one_line_before_loading(tmp_pa
         ("row.npy", _save_npy([[0.62, 1.87]])),
         ("row.pt", _save_pt(torch.tensor([[0.62, 1.87]]))),
         ("list.pt", _save_pt([0.62, 1.87])),
+        ("column.txt", "0.62\n1.87\n"),  # np.savetxt of a 1-D array
+        ("column.npy", _save_npy([[0.62], [1.87]])),
     ],
 )
 def test_one_release_in_a_file_is_read(tmp_path, name, content):
-    """A UTF-8 byte-order mark, blank lines and a ``(1, d)`` array are one release."""
+    """A UTF-8 byte-order mark, blank lines, a ``(1, d)`` or ``(d, 1)`` array and a number a line are one
+    release."""
     path = tmp_path / name
     content(path) if callable(content) else path.write_text(content, encoding="utf-8")
     torch.testing.assert_close(cli.read_release(path=path), torch.tensor([[0.62, 1.87]]))
