@@ -48,12 +48,18 @@ def test_only_coordinates_with_laplace_type_noise_are_clamped():
         prior, lambda t, rng: t, Gaussian(1.0, 1e-5, 1.0, dim=1), [0.5], statistic_bounds=[[0.0], [1.0]]
     )
     assert gaussian.release_bounds() is None  # nothing to clamp: Gaussian noise is not lossless to clamp
+    # one (low, high) holds for every coordinate, as a proportion's (0, 1)
+    shared = dpsbi.from_simulator(
+        prior, lambda t, rng: t.repeat(1, 3), mixed, [0.5] * 3, statistic_bounds=(0, 1)
+    )
+    assert shared.statistic_bounds.tolist() == bounds
 
 
 @pytest.mark.parametrize(
     "bounds, message",
     [
-        ([[0.0, 0.0]], "statistic_bounds must be (low, high), each 1 numbers"),
+        ([[0.0, 0.0]], "two numbers for every coordinate, or two sequences of 1 numbers"),
+        ([0.0, 1.0, 2.0], "two numbers for every coordinate"),
         ([[1.0], [0.0]], "with low < high"),
         ([[0.0], [float("nan")]], "with low < high"),
         ([[0.0], [1.0, 2.0]], "statistic_bounds must be (low, high), two sequences of numbers"),

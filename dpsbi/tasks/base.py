@@ -38,7 +38,8 @@ class Task:
     checked at construction (:meth:`validate`); ``y_obs`` is kept as ``(n, dim_s)``.
 
     ``statistic_bounds``: where known, the range ``(low, high)`` of the statistic behind each release coordinate
-    (two sequences of ``dim_s`` numbers, ``-inf`` / ``inf`` where unbounded; e.g. ``(0, 1)`` for proportions),
+    (two numbers for every coordinate, or two sequences of ``dim_s`` numbers; ``-inf`` / ``inf`` where unbounded;
+    e.g. ``(0, 1)`` for proportions),
     held as a ``(2, dim_s)`` float64 tensor; simulated statistics outside it are an error. Where the mechanism
     loses nothing by it (:attr:`~dpsbi.mechanisms.Mechanism.clamp_lossless`), posterior flows clamp releases to it
     (:meth:`release_bounds`), so that a release with one far noise draw reaches the flow as one it has seen.
@@ -97,12 +98,17 @@ class Task:
         self.release_names = list(self.release_names)
         if self.statistic_bounds is not None:
             try:
-                self.statistic_bounds = torch.as_tensor(self.statistic_bounds, dtype=torch.float64).clone()
+                bounds = torch.as_tensor(self.statistic_bounds, dtype=torch.float64).clone()
             except (TypeError, ValueError, RuntimeError):
                 raise ValueError(
                     f"task {self.name!r}: statistic_bounds must be (low, high), two sequences of numbers, "
                     f"got {self.statistic_bounds!r}"
                 ) from None
+            if bounds.shape == (2,) and isinstance(
+                self.mechanism, Mechanism
+            ):  # one range for every coordinate
+                bounds = bounds[:, None].expand(2, self.dim_s).clone()
+            self.statistic_bounds = bounds
         self.validate()
         if self.y_obs is not None:  # held in the mechanism's dtype (float64 for counts)
             self.y_obs = self.check_release(self.y_obs).to(self.mechanism.dtype)
@@ -153,8 +159,8 @@ class Task:
             bounds.shape != (2, self.dim_s) or bounds.isnan().any() or not (bounds[0] < bounds[1]).all()
         ):
             raise ValueError(
-                f"task {self.name!r}: statistic_bounds must be (low, high), each {self.dim_s} numbers with low < high, "
-                f"got {bounds.tolist()}"
+                f"task {self.name!r}: statistic_bounds must be (low, high) with low < high: two numbers for every "
+                f"coordinate, or two sequences of {self.dim_s} numbers, one per coordinate; got {bounds.tolist()}"
             )
         if self.y_obs is not None:
             self.check_release(self.y_obs)
