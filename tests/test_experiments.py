@@ -352,6 +352,10 @@ def test_sir_reference_says_it_is_approximate(tmp_path):
             ["method=sple", "budget.inner_samples=3"],
             "method 'sple': RQMC (qmc=True) needs inner_samples a power of two, got 3",
         ),
+        # bool("no") is true: a switch given as a word is refused, not read as on
+        (["progress=no"], "progress must be True or False, got 'no' (str)"),
+        (["method.amortized=yes"], "method 'sppe': amortized must be True or False, got 'yes' (str)"),
+        (["method.rounds=2.5"], "method 'sppe': rounds must be an integer >= 1, got 2.5"),
     ],
 )
 def test_bad_config_values_fail_at_start(overrides, message, tmp_path):

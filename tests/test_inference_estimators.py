@@ -386,6 +386,13 @@ def test_counts_that_are_not_numbers_are_refused_by_name(task, kwargs):
         dpsbi.SPPE(task, **kwargs)
 
 
+@pytest.mark.parametrize("name", ["amortized", "progress", "qmc", "combined_loss"])
+def test_switches_that_are_not_bools_are_refused_by_name(task, name):
+    """``bool("no")`` is true: a string switch would have turned the option on."""
+    with pytest.raises(TypeError, match=rf"^{name} must be True or False, got 'no' \(str\)$"):
+        dpsbi.SPPE(task, **{name: "no"})
+
+
 def test_a_step_budget_caps_each_round_in_whole_epochs(task):
     """190 training rows in batches of 50 are 3 steps an epoch: 25 steps round up to 9 epochs (27 steps) in
     every round, however many simulations have accumulated (round 1 trains on 380 rows, 7 steps an epoch)."""

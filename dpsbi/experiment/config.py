@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import tasks
 from ..inference.training import DEVICE_FIELDS
+from ..mechanisms.base import check_flag
 from ..seeds import check_seed
 from ..tasks import Task
 from . import methods
@@ -217,7 +218,8 @@ def plan(cfg: DictConfig) -> Plan:
     _check_evaluation(cfg)
     try:
         check_seed(cfg.seed)
-    except ValueError as error:
+        check_flag("progress", cfg.progress)
+    except (ValueError, TypeError) as error:
         raise ConfigError(str(error)) from None
     trainer, threads = _trainer(cfg)
     budget = _budget(cfg)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..files import exclusive
-from ..mechanisms.base import check_integer
+from ..mechanisms.base import check_flag, check_integer
 from ..mechanisms.epsilon import (
     at_epsilons,
     epsilon_limits,
@@ -256,6 +256,7 @@ class SequentialEstimator(abc.ABC):
             raise TypeError(unexpected_keywords(type(self).__name__, unknown))
         rounds, inner_samples = check_integer("rounds", rounds), check_integer("inner_samples", inner_samples)
         sims_per_round = check_integer("sims_per_round", sims_per_round, minimum=2)
+        qmc, progress = check_flag("qmc", qmc), check_flag("progress", progress)
         if qmc and inner_samples & (inner_samples - 1):
             raise ValueError(f"RQMC (qmc=True) needs inner_samples a power of two, got {inner_samples}")
         self.training = TrainingSettings.coerce(training, self.training_defaults)
@@ -264,7 +265,7 @@ class SequentialEstimator(abc.ABC):
                 f"validation_fraction={self.training.validation_fraction} leaves no training data of {sims_per_round} simulations"
             )
         task.validate()
-        self.amortized = bool(amortized)
+        self.amortized = check_flag("amortized", amortized)
         if rounds > 1 and task.y_obs is None and not self.amortized:
             raise ValueError(
                 f"sequential rounds propose at task.y_obs, but task {task.name!r} has none; "
@@ -297,10 +298,10 @@ class SequentialEstimator(abc.ABC):
         }
         left = {name: value for name, value in chosen.items() if getattr(self.training, name) is None}
         self.training = replace(self.training, **left)
-        self.inner_samples, self.qmc = int(inner_samples), bool(qmc)
+        self.inner_samples, self.qmc = inner_samples, qmc
         self.flow_settings, self.seed = FlowSettings.coerce(flow), check_seed(seed)
         self.checkpoint_path = checkpoint.path(checkpoint_dir) if checkpoint_dir is not None else None
-        self.progress, self.on_round_end = bool(progress), on_round_end
+        self.progress, self.on_round_end = progress, on_round_end
         self.flow: ConditionalFlow | None = None
         self.data: dict[str, Tensor] = {}
         self.history: list[dict] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..mechanisms.base import check_integer, lattice_cells
+from ..mechanisms.base import check_flag, check_integer, lattice_cells
 from ..seeds import seeded_global_streams
 from ..tasks import Task
 from .estimator import SequentialEstimator
@@ -85,7 +85,7 @@ class SPLE(SequentialEstimator):
             inner_samples = self.default_inner_samples(amortized)
         super().__init__(task, rounds, sims_per_round, inner_samples, qmc, **kwargs)
         self.mcmc = MCMCSettings.coerce(mcmc)
-        self.dequantize = bool(dequantize) and bool(
+        self.dequantize = check_flag("dequantize", dequantize) and bool(
             lattice_cells(task.mechanism)[0]
         )  # some coordinate's lattice
         self.cell_points = check_integer("cell_points", cell_points)

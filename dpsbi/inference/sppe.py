@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..mechanisms.base import check_integer
+from ..mechanisms.base import check_flag, check_integer
 from ..tasks import Task, with_options
 from .estimator import SequentialEstimator
 from .losses import atom_indices, noise_uniforms, posterior_log_prob, sppe_loss
@@ -143,7 +143,7 @@ class SPPE(SequentialEstimator):
             raise ValueError(
                 "combined_loss adds the plain loss to atomic rounds; amortized=True and truncate have none"
             )
-        self.combined_loss = bool(combined_loss)
+        self.combined_loss = check_flag("combined_loss", combined_loss)
         self.widening = resolve_widening(
             widening, self.default_widening(self.amortized, task), self.amortized, task.mechanism
         )

@@ -6,6 +6,7 @@ import abc
 import math
 import numbers
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -64,6 +65,14 @@ def check_positive(name: str, value: float) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
     return value
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` as a ``bool``, or a ``TypeError`` naming ``name`` unless it is one (a numpy bool too; not
+    ``"no"``, which ``bool()`` reads as true, nor ``1``)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
 
 
 def check_integer(name: str, value, minimum: int = 1) -> int:
