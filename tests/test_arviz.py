@@ -269,6 +269,9 @@ def test_a_flow_posterior_is_one_chain_of_independent_draws(task):
     draws = posterior.sample((300,), seed=1)
     assert np.allclose(data.posterior["theta_2"].values[0], draws[:, 1].numpy())
     assert data.posterior.attrs["sampler"] == "flow" and data.posterior.attrs["method"] == "SPPE"
+    for count in (0, 2.5):  # no draws (an empty export with ArviZ's warnings), or a count that is not whole
+        with pytest.raises(ValueError, match=rf"^num_samples must be an integer >= 1, got {count}$"):
+            posterior.to_arviz(count)
 
 
 # ---- baselines -----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .. import tasks
-from ..mechanisms.base import lattice_cells
+from ..mechanisms.base import check_integer, lattice_cells
 from ..mechanisms.epsilon import epsilons, nominal_epsilon
 from ..qmc import cell_points
 from ..seeds import seeded_global_streams
@@ -448,6 +448,8 @@ class Posterior(abc.ABC):
         ``generator`` fix the draws as in :meth:`sample`."""
         from ..diagnostics import posterior_inference_data
 
+        if num_samples is not None:
+            num_samples = check_integer("num_samples", num_samples)
         return posterior_inference_data(self, num_samples, y, generator, seed, predictive, epsilon)
 
     # ---- saving -------------------------------------------------------------------------------------
