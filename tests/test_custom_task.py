@@ -211,6 +211,10 @@ BAD_INPUTS = {
         dict(simulator=_nan_simulator),
         r"simulator returned NaN/inf \[nan, nan\] at the prior draw theta=",
     ),
+    "simulator-complex": (
+        dict(simulator=lambda theta, g: theta.to(torch.complex64)),
+        r"simulator fails on 2 prior draws .*: TypeError: complex numbers \(torch.complex64\); a summary is real",
+    ),
     "simulator-fails": (
         dict(simulator=_failing_simulator),
         r"simulator fails on 2 prior draws .*: KeyError: \"column 'age'\"",

@@ -218,8 +218,12 @@ class Task:
     def check_summary(self, theta: Tensor, s, source: str = "summaries") -> Tensor:
         """Confidential summaries ``s`` of parameters ``theta (n, dim_theta)`` (any numeric tensor or numpy
         array) as ``(n, mechanism.input_dim)`` in the mechanism's dtype (torch's default; float64 for counts), or
-        an error naming ``source`` and the problem (shape, NaN/inf, counts too large for their dtype)."""
-        s = as_summary(s, theta.device)
+        an error naming ``source`` and the problem (complex numbers, shape, NaN/inf, counts too large for their
+        dtype)."""
+        try:
+            s = as_summary(s, theta.device)
+        except TypeError as error:
+            raise RuntimeError(f"task {self.name!r}: {source} {error}") from None
         if self.mechanism.dtype == torch.float64:
             try:
                 check_exact_integers(f"task {self.name!r}: {source}", s)
@@ -410,9 +414,12 @@ def release_tensor(y, dim: int, what: str = "release", dtype: torch.dtype | None
 def as_summary(s, device: torch.device) -> Tensor:
     """A simulator's output (torch tensor or numpy array, any numeric dtype) as a floating tensor on ``device``
     that holds it exactly: float64 for float64 and integer output (counts stay exact up to 2^53), else torch's
-    default float dtype (:meth:`Task.check_summary` then converts it to the mechanism's dtype)."""
+    default float dtype (:meth:`Task.check_summary` then converts it to the mechanism's dtype). Complex output is a
+    ``TypeError`` (converting it would drop the imaginary part)."""
     if not torch.is_tensor(s):
         s = torch.from_numpy(np.asarray(s))
+    if s.is_complex():
+        raise TypeError(f"complex numbers ({s.dtype}); a summary is real")
     exact = s.dtype == torch.float64 or not (s.is_floating_point() or s.dtype == torch.bool)
     return s.to(device=device, dtype=torch.float64 if exact else torch.get_default_dtype())
 
