@@ -250,6 +250,10 @@ def test_discrete_laplace_is_exactly_epsilon_dp():
         (lambda: DiscreteLaplace(0.0, 1.0), "epsilon"),
         (lambda: DiscreteLaplace(1.0, 0.5), "sensitivity"),
         (lambda: DiscreteLaplace.from_scale(-1.0, 1.0), "scale"),
+        # an integer statistic's L1 sensitivity is a whole number, in any dimension
+        (lambda: DiscreteLaplace(1.0, 1.5), "^sensitivity must be an integer here .*got 1.5$"),
+        (lambda: DiscreteLaplace(1.0, 2.5, dim=3), "^sensitivity must be an integer here"),
+        (lambda: DiscreteLaplace.from_scale(2.0, 1.5), "^sensitivity must be an integer here"),
         (lambda: DiscreteGaussian(1.0, None), "delta"),
         (lambda: DiscreteGaussian(1.0, 1.5), "delta"),
         (lambda: DiscreteGaussian(1.0, 1e-6, sensitivity=1.5), "sensitivity"),

@@ -208,6 +208,14 @@ def test_bad_shapes_and_releases_raise():
         (lambda: RandomizedResponse(1.0, dim="2"), TypeError, "dim must be a number"),
         (lambda: BinomialCurve(2.5, 100, 2, epsilon=1.0), ValueError, "trials must be an integer"),
         (lambda: SmoothSensitivityLaplace(1.0, 1e-6, 1.0, n=10.5), ValueError, "n must be an integer"),
+        # a scale float32 rounds to 0 (or holds only subnormally): releases would equal s, log_prob NaN
+        (lambda: Laplace(1e308, 1.0), ValueError, "scale=1e-308 .*epsilon=1e\\+308.*below .*float32"),
+        (lambda: Laplace.from_scale(1e-39, 1.0), ValueError, "scale=1e-39 is below"),
+        (lambda: Laplace.from_scale((1.0, 1e-39), 1.0), ValueError, "scale=1e-39 is below"),
+        (lambda: Gaussian.from_sigma(1e-300, 1.0), ValueError, "sigma=1e-300 is below"),
+        (lambda: DiscreteLaplace(1e308, 1.0), ValueError, "scale=1e-308 .*below .*float64"),
+        (lambda: DiscreteGaussian(sigma=1e-160), ValueError, "sigma=1e-160 is below .*sigma\\^2"),
+        (lambda: DiscreteGaussian(rho=1e308), ValueError, "sigma=0 .*rho=1e\\+308.*is below"),
     ],
 )
 def test_bad_constructor_arguments_get_one_line_naming_them(make, error, match):

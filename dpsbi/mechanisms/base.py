@@ -84,17 +84,31 @@ def check_integer(name: str, value, minimum: int = 1) -> int:
     return int(number)
 
 
+#: The least noise scale a mechanism accepts where it computes in float32 (the narrowest dtype its releases are
+#: computed in): float32's smallest normal number. Below it the scale is subnormal or rounds to 0 there, so every
+#: release equals its statistic and ``log_prob`` divides by 0 (NaN).
+MIN_SCALE = torch.finfo(torch.float32).tiny
+
+
 def check_scale(
     name: str,
     scale: float,
     source: str = "",
     limit: float = MAX_SCALE,
     why: str = "noise that wide drowns any statistic and overflows float32",
+    least: float = MIN_SCALE,
+    why_least: str = "it is subnormal or 0 in float32, so releases would equal the statistic and log_prob be NaN",
 ) -> float:
-    """Raise a ``ValueError`` unless the noise ``scale`` is a number in ``(0, limit]``; ``source`` names what it
-    was calibrated from (e.g. ``"epsilon=1e-40, sensitivity=1"``), which is what to change."""
-    if not 0 < scale <= limit:
-        origin = f" (from {source})" if source else ""
+    """Raise a ``ValueError`` unless the noise ``scale`` is a number in ``[least, limit]`` (``why`` and
+    ``why_least`` say what goes wrong beyond each end); ``source`` names what it was calibrated from (e.g.
+    ``"epsilon=1e-40, sensitivity=1"``), which is what to change."""
+    origin = f" (from {source})" if source else ""
+    if not scale >= least:  # NaN too
+        raise ValueError(
+            f"noise {name}={scale:g}{origin} is below {least:g}: {why_least}; use a smaller epsilon (or a larger "
+            "scale)"
+        )
+    if not scale <= limit:
         raise ValueError(
             f"noise {name}={scale:g}{origin} lies outside (0, {limit:g}]: {why}; use a larger epsilon (or a "
             "smaller scale)"

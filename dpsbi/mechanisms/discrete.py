@@ -40,18 +40,48 @@ _CHUNK = 1 << 22
 
 
 def _check_sensitivity(sensitivity: float, integer: bool) -> float:
+    """``sensitivity`` as a float ``>= 1``, and a whole number where ``integer``: the L1 sensitivity of an integer
+    statistic (:class:`DiscreteLaplace`), the L2 sensitivity of a scalar one (:class:`DiscreteGaussian` with ``dim =
+    1``, whose exact accounting, CKS Thm. 7, sums over integer shifts); a vector's L2 sensitivity need not be."""
     sensitivity = check_positive("sensitivity", sensitivity)
     if sensitivity < 1:
         raise ValueError(
             f"sensitivity must be >= 1 for an integer statistic (a change of one is the least), got {sensitivity:g}"
         )
     if integer and sensitivity != math.floor(sensitivity):
-        raise ValueError(f"sensitivity of a scalar integer statistic must be an integer, got {sensitivity:g}")
+        raise ValueError(
+            f"sensitivity must be an integer here (an integer statistic changes by whole steps), got {sensitivity:g}"
+        )
     return sensitivity
 
 
+#: The least noise scale of the discrete Laplace (float64 throughout): float64's smallest normal number.
+_MIN_SCALE = torch.finfo(torch.float64).tiny
+#: The least discrete Gaussian sigma: its pmf divides by ``2 sigma^2``, which must be a normal float64.
+_MIN_SIGMA = math.sqrt(torch.finfo(torch.float64).tiny)
+
+
 def _check_sigma(sigma: float, source: str) -> float:
-    return check_scale("sigma", sigma, source, MAX_SIGMA, "the noise table would cover |k| <= 10 sigma + 2")
+    return check_scale(
+        "sigma",
+        sigma,
+        source,
+        MAX_SIGMA,
+        "the noise table would cover |k| <= 10 sigma + 2",
+        _MIN_SIGMA,
+        "sigma^2 is subnormal or 0 in float64, so its pmf would divide by 0",
+    )
+
+
+def _check_scale(scale: float, source: str = "") -> float:
+    """The discrete Laplace's ``check_scale``, down to float64's smallest normal number (it computes in float64)."""
+    return check_scale(
+        "scale",
+        scale,
+        source,
+        least=_MIN_SCALE,
+        why_least="it is subnormal or 0 in float64, where it computes",
+    )
 
 
 def _check_delta(delta: float) -> float:
@@ -542,12 +572,10 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
 
     def __init__(self, epsilon: float, sensitivity: float, dim: int = 1) -> None:
         super().__init__(dim, epsilon)
-        self.sensitivity = _check_sensitivity(sensitivity, integer=False)
+        self.sensitivity = _check_sensitivity(sensitivity, integer=True)
         self._set_scale(
-            check_scale(
-                "scale",
-                self.sensitivity / self.epsilon,
-                f"epsilon={self.epsilon:g}, sensitivity={self.sensitivity:g}",
+            _check_scale(
+                self.sensitivity / self.epsilon, f"epsilon={self.epsilon:g}, sensitivity={self.sensitivity:g}"
             )
         )
 
@@ -559,8 +587,8 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
     @classmethod
     def from_scale(cls, scale: float, sensitivity: float, dim: int = 1) -> DiscreteLaplace:
         """The mechanism with scale ``t = scale`` exactly; its ``epsilon`` is ``sensitivity / scale``."""
-        scale = check_scale("scale", check_positive("scale", scale))
-        mech = cls(_check_sensitivity(sensitivity, integer=False) / scale, sensitivity, dim)
+        scale = _check_scale(check_positive("scale", scale))
+        mech = cls(_check_sensitivity(sensitivity, integer=True) / scale, sensitivity, dim)
         mech._set_scale(scale)
         return mech
 
@@ -660,10 +688,10 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
             if rho is not None:
                 self.rho = check_positive("rho", rho)
                 self.sigma = self.sensitivity / math.sqrt(2 * self.rho)
+                _check_sigma(self.sigma, f"rho={self.rho:g}, sensitivity={self.sensitivity:g}")
             else:
-                self.sigma = check_positive("sigma", sigma)
+                self.sigma = _check_sigma(check_positive("sigma", sigma), "")
                 self.rho = self.sensitivity**2 / (2 * self.sigma**2)
-            _check_sigma(self.sigma, f"rho={self.rho:g}, sensitivity={self.sensitivity:g}")
             if dim == 1:
                 epsilon = discrete_gaussian_epsilon(delta, self.sigma, int(self.sensitivity))
             else:

@@ -201,6 +201,7 @@ class Gaussian(AdditiveNoise, Mechanism):
         sigma, _ = check_coordinates("sigma", sigma, dim)
         sensitivity, _ = check_coordinates("sensitivity", sensitivity, dim)
         if not isinstance(sigma, tuple) and not isinstance(sensitivity, tuple):
+            sigma = check_scale("sigma", sigma)
             mech = cls.gdp(sensitivity / sigma, sensitivity, dim, delta)
             mech.sigma = sigma
             return mech
