@@ -167,6 +167,33 @@ def test_with_epsilon_splits_the_budget_in_the_same_proportions():
     assert "not all pure epsilon-DP" in zcdp.epsilon_range_problem and pure.epsilon_range_problem is None
 
 
+def test_with_epsilon_refuses_a_bad_epsilon_before_the_root_search():
+    zcdp = Composition([Laplace(1.0, 1.0), Gaussian(1.0, 1e-6, 1.0)])
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"^epsilon must be a finite number > 0, got {bad}$"):
+            zcdp.with_epsilon(bad)
+    with pytest.raises(ValueError, match="got -1.0$"):  # the value given, not a block's share of it
+        Composition([Laplace(1.0, 1.0), Laplace(1.0, 1.0)]).with_epsilon(-1.0)
+
+
+def test_log_prob_refuses_the_wrong_widths():
+    comp = Composition([Laplace(1.0, 1.0), DiscreteGaussian(sigma=1.0)])
+    for width in (1, 3):
+        with pytest.raises(
+            ValueError, match=f"^y must have last dimension 2 for Composition, got shape \\(1, {width}\\)$"
+        ):
+            comp.log_prob(torch.zeros(1, width), torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="^s must have last dimension 2 for Composition"):
+        comp.log_prob(torch.zeros(1, 2), torch.zeros(1, 3))
+
+
+def test_repr_at_a_tensor_of_epsilons():
+    pure = Composition([Laplace(0.5, 1.0), DiscreteLaplace(1.5, 1.0)])
+    text = repr(pure.with_epsilon(torch.tensor([2.0, 4.0]).reshape(2, 1)))
+    assert text.startswith("Composition([Laplace(dim=1, epsilon=tensor(0.5, 1), ")
+    assert "DiscreteLaplace(dim=1, epsilon=tensor(1.5, 3), sensitivity=1, scale=tensor(" in text
+
+
 # ---- identity, lattices, refusals -------------------------------------------------------------------------------
 
 

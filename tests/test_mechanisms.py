@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
+import dpsbi
 from dpsbi.mechanisms import (
     BinomialCurve,
     DiscreteGaussian,
@@ -222,6 +223,81 @@ def test_bad_constructor_arguments_get_one_line_naming_them(make, error, match):
     with pytest.raises(error, match=match) as caught:
         make()
     assert "\n" not in str(caught.value)
+
+
+def test_the_least_scales_give_finite_releases_and_densities():
+    for mech in [Laplace(1e37, 1.0), Laplace.from_scale((1e-37, 1.0), 1.0)]:
+        s = torch.ones(4, mech.dim, dtype=torch.float32)  # the narrowest dtype releases are computed in
+        y = mech.sample(s, generator=torch.Generator().manual_seed(0))
+        assert torch.isfinite(y).all() and torch.isfinite(mech.log_prob(s, s)).all()
+    assert torch.isfinite(DiscreteLaplace(1e300, 1.0).log_prob(torch.ones(1, 1), torch.ones(1, 1))).all()
+
+
+def test_log_prob_refuses_releases_and_statistics_of_the_wrong_width():
+    """Shapes only (a training step calls log_prob): no broadcast of a (n, 1) release against (n, 2) statistics."""
+    cases = [
+        (Laplace(1.0, 1.0, dim=2), 2, 2),
+        (Gaussian(1.0, 1e-6, 1.0, dim=2), 2, 2),
+        (RandomizedResponse(1.0, dim=2), 2, 2),
+        (BinomialCurve(10, 100, 2, epsilon=1.0), 2, 2),
+        (SmoothSensitivityLaplace(1.0, 1e-6, 1.0, n=10), 1, 2),
+    ]
+    for mech, dim, input_dim in cases:
+        with pytest.raises(
+            ValueError, match=f"^y must have last dimension {dim} for .*got shape \\(2, 3\\)$"
+        ):
+            mech.log_prob(torch.zeros(2, 3), torch.zeros(2, input_dim))
+        with pytest.raises(
+            ValueError, match=f"^s must have last dimension {input_dim} for .*got shape \\(2, 3\\)$"
+        ):
+            mech.log_prob(torch.zeros(2, dim), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="^y must have last dimension 2 for Laplace, got shape \\(2, 1\\)$"):
+        Laplace(1.0, 1.0, dim=2).log_prob(torch.zeros(2, 1), torch.zeros(2, 2))
+
+
+def test_randomized_response_takes_bits_only():
+    mech = RandomizedResponse(1.0, dim=2)
+    s = torch.tensor([[2.0, 0.5]])
+    with pytest.raises(ValueError, match="^RandomizedResponse reports bits; .*e.g. 2.0$"):
+        mech.sample(s)
+    with pytest.raises(ValueError, match="^RandomizedResponse reports bits"):
+        mech.log_prob(torch.tensor([[1.0, 0.0]]), s)
+    # where values cannot be read (a device, a compiled step) a statistic that is not a bit has no density
+    assert torch.isnan(mech.coordinate_log_prob(torch.tensor([1.0, 0.0]), torch.tensor([2.0, 0.0]))[0])
+    with pytest.raises(RuntimeError, match="mechanism refuses: RandomizedResponse reports bits"):
+        dpsbi.from_simulator(
+            dpsbi.tasks.box([0.0], [1.0]), lambda theta: theta.expand(-1, 2) * 2, mech, y_obs=[[1.0, 0.0]]
+        ).simulate(torch.ones(3, 1))
+
+
+def test_randomized_response_at_a_large_epsilon_reports_truthfully():
+    mech = RandomizedResponse(1000.0)
+    bits = torch.tensor([[1.0], [0.0]])
+    assert mech.keep == 1.0 and torch.equal(mech.sample(bits), bits)
+    assert mech.log_prob(bits, bits).tolist() == [0.0, 0.0]
+    assert mech.log_prob(1 - bits, bits).tolist() == [-1000.0, -1000.0]
+
+
+@pytest.mark.parametrize(
+    "mech",
+    [
+        Laplace(1.0, 1.0),
+        Laplace.from_scale((2.0, 1.0), 1.0),
+        Gaussian(1.0, 1e-6, 1.0),
+        DiscreteLaplace(1.0, 1.0),
+        DiscreteGaussian(sigma=2.0),
+        RandomizedResponse(1.0),
+        BinomialCurve(10, 100, 2, epsilon=1.0),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_repr_at_a_tensor_of_epsilons_shows_the_values(mech):
+    text = repr(mech.with_epsilon(torch.tensor([[0.5], [1.0]])))
+    assert (
+        "epsilon=tensor(0.5, 1)" in text or "epsilon=tensor(0.49" in text
+    )  # BinomialCurve: its exact epsilon
+    many = repr(mech.with_epsilon(torch.linspace(0.5, 2.0, 10)[:, None]))
+    assert "10 values in [" in many
 
 
 def test_whole_number_dims_are_taken():

@@ -276,6 +276,29 @@ def test_user_defined_steps():
     halves.require_likelihood_flow("SPLE")
 
 
+def test_a_tensor_of_epsilons_recalibrates_the_inner_mechanism_per_row():
+    mech = PostProcessed(DiscreteLaplace(0.5, 1.0), nonnegative)
+    eps = torch.tensor([[0.5], [2.0]])
+    batched = mech.with_epsilon(eps)
+    assert isinstance(batched, PostProcessed) and batched.step is nonnegative
+    assert repr(batched) == (
+        "PostProcessed(DiscreteLaplace(dim=1, epsilon=tensor(0.5, 2), sensitivity=1, scale=tensor(2, 0.5)), "
+        "nonnegative)"
+    )
+    u = torch.tensor([[0.01], [0.01]], dtype=torch.float64)
+    s = torch.full((2, 1), 3.0, dtype=torch.float64)
+    rows = [mech.with_epsilon(float(e)).sample(s[i : i + 1], u[i : i + 1]) for i, e in enumerate(eps)]
+    assert torch.equal(batched.sample(s, u), torch.cat(rows))
+
+
+def test_log_prob_refuses_the_wrong_widths():
+    mech = PostProcessed(Laplace(1.0, 1.0, dim=2), nonnegative)
+    with pytest.raises(
+        ValueError, match="^y must have last dimension 2 for PostProcessed, got shape \\(2, 1\\)$"
+    ):
+        mech.log_prob(torch.zeros(2, 1), torch.zeros(2, 2))
+
+
 def test_privacy_levels_and_recalibration_follow_the_inner_mechanism():
     mech = PostProcessed(DiscreteLaplace(0.5, 1.0, dim=2), nonnegative)
     assert (mech.epsilon, mech.delta, mech.dim, mech.noise_dim) == (0.5, 0.0, 2, 2)

@@ -163,8 +163,15 @@ def per_coordinate(*values) -> tuple[tuple[float, ...], ...]:
     return tuple(v if isinstance(v, tuple) else (v,) * dim for v in values)
 
 
-def show(value: float | tuple[float, ...]) -> str:
-    """A number as ``%g``, a tuple of them as ``(a, b, ...)`` (for ``__repr__``)."""
+def show(value: float | tuple[float, ...] | Tensor) -> str:
+    """A number as ``%g``, a tuple of them as ``(a, b, ...)``, a tensor of one per row (a mechanism at a tensor of
+    epsilons, :mod:`~dpsbi.mechanisms.epsilon`) as ``tensor(a, b, ...)`` up to six values, else ``tensor(n values in
+    [low, high])`` (for ``__repr__``)."""
+    if torch.is_tensor(value):
+        values = value.detach().flatten().tolist()
+        if len(values) <= 6:
+            return f"tensor({', '.join(f'{v:g}' for v in values)})"
+        return f"tensor({len(values)} values in [{min(values):g}, {max(values):g}])"
     return f"({', '.join(f'{v:g}' for v in value)})" if isinstance(value, tuple) else f"{value:g}"
 
 
@@ -259,7 +266,8 @@ class Mechanism(abc.ABC):
 
     @abc.abstractmethod
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
-        """Exact ``log eta(y | s)`` summed over coordinates; shape ``broadcast(y, s)[:-1]``."""
+        """Exact ``log eta(y | s)`` of releases ``y (..., dim)`` given statistics ``s (..., input_dim)``, summed over
+        coordinates; shape ``broadcast(y, s)[:-1]``. A ``ValueError`` for other widths (:meth:`_check_shapes`)."""
 
     @abc.abstractmethod
     def max_log_prob(self, y: Tensor) -> Tensor:
@@ -340,6 +348,12 @@ class Mechanism(abc.ABC):
             )
         return y
 
+    def _check_shapes(self, y: Tensor, s: Tensor) -> None:
+        """Raise ``ValueError`` unless releases ``y`` end in ``dim`` coordinates and statistics ``s`` in
+        ``input_dim`` (what :meth:`log_prob` takes). Shapes only, no tensor value: free in a compiled training step."""
+        self._check_last_dim("y", y, self.dim)
+        self._check_last_dim("s", s, self.input_dim)
+
     def _check_last_dim(self, name: str, x: Tensor, expected: int) -> None:
         if x.ndim == 0 or x.shape[-1] != expected:
             raise ValueError(
@@ -350,7 +364,9 @@ class Mechanism(abc.ABC):
         return {k: v for k, v in self.__dict__.items() if k != "_coordinate_cache"}  # device tensors: rebuilt
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g})"
+        return (
+            f"{type(self).__name__}(dim={self.dim}, epsilon={show(self.epsilon)}, delta={show(self.delta)})"
+        )
 
 
 class AdditiveNoise:

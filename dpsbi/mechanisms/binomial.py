@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import Mechanism, as_float, check_integer, check_positive
+from .base import Mechanism, as_float, check_integer, check_positive, show
 from .epsilon import batched_copy, epsilons
 
 #: Tail mass left out of the quantile window, far below float64 resolution.
@@ -148,6 +148,7 @@ class BinomialCurve(Mechanism):
         return (k / self.trials).to(u.dtype)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         k = self._counts(y)
         return binomial_log_pmf(k, self.trials, self.probability(s).double()).sum(-1).to(y.dtype)
 
@@ -173,5 +174,5 @@ class BinomialCurve(Mechanism):
     def __repr__(self) -> str:
         return (
             f"BinomialCurve(dim={self.dim}, trials={self.trials}, population={self.population}, "
-            f"pseudo_count={self.pseudo_count:g}, epsilon={self.epsilon:g})"
+            f"pseudo_count={show(self.pseudo_count)}, epsilon={show(self.epsilon)})"
         )

@@ -26,7 +26,7 @@ import torch
 from scipy.optimize import brentq
 from torch import Tensor
 
-from .base import Mechanism
+from .base import Mechanism, check_positive
 from .discrete import zcdp_epsilon
 from .epsilon import at_epsilons, batched_copy, epsilon_range_problem, epsilons, nominal_epsilon
 
@@ -171,6 +171,7 @@ class Composition(Mechanism):
         self._per_block(method, "require_likelihood_flow")
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         if not self.has_log_prob:
             self.require_log_prob("Composition.log_prob")
         return sum(
@@ -222,7 +223,7 @@ class Composition(Mechanism):
             share = [nominal_epsilon(m) / self.epsilon for m in self.blocks]
             blocks = tuple(at_epsilons(m, epsilon * w) for m, w in zip(self.blocks, share))
             return batched_copy(self, epsilon, blocks=blocks)
-        epsilon = float(epsilon)
+        epsilon = check_positive("epsilon", epsilon)  # before the root search, which 0 would send to log(0)
         first = epsilon / self.epsilon
         if self.delta == 0:
             return self._scaled(first)

@@ -28,7 +28,15 @@ from scipy.optimize import brentq, minimize_scalar
 from scipy.special import logsumexp
 from torch import Tensor
 
-from .base import AdditiveNoise, Mechanism, check_exact_integers, check_integer, check_positive, check_scale
+from .base import (
+    AdditiveNoise,
+    Mechanism,
+    check_exact_integers,
+    check_integer,
+    check_positive,
+    check_scale,
+    show,
+)
 from .epsilon import batched_copy, epsilons, readable
 from .gaussian import analytic_sigma
 from .tables import cell, table, tabled
@@ -625,6 +633,7 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
         return torch.where(k < 0, below, above)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         return self.coordinate_log_prob(y, s).sum(-1)
 
     def max_log_prob(self, y: Tensor) -> Tensor:
@@ -635,8 +644,8 @@ class DiscreteLaplace(IntegerInput, AdditiveNoise, Mechanism):
 
     def __repr__(self) -> str:
         return (
-            f"DiscreteLaplace(dim={self.dim}, epsilon={self.epsilon:g}, sensitivity={self.sensitivity:g}, "
-            f"scale={self.scale:g})"
+            f"DiscreteLaplace(dim={self.dim}, epsilon={show(self.epsilon)}, sensitivity={show(self.sensitivity)}, "
+            f"scale={show(self.scale)})"
         )
 
 
@@ -827,6 +836,7 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
         return out
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         return self.coordinate_log_prob(y, s).sum(-1)
 
     def max_log_prob(self, y: Tensor) -> Tensor:
@@ -837,6 +847,6 @@ class DiscreteGaussian(IntegerInput, AdditiveNoise, Mechanism):
 
     def __repr__(self) -> str:
         return (
-            f"DiscreteGaussian(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g}, rho={self.rho:g}, "
-            f"sensitivity={self.sensitivity:g}, sigma={self.sigma:g})"
+            f"DiscreteGaussian(dim={self.dim}, epsilon={show(self.epsilon)}, delta={show(self.delta)}, rho={show(self.rho)}, "
+            f"sensitivity={show(self.sensitivity)}, sigma={show(self.sigma)})"
         )

@@ -7,8 +7,8 @@ with the batch of summaries, e.g. ``(n, 1)`` for ``s (n, dim)``: the result is o
 scale is a tensor, so that ``sample(s, u)`` draws row ``i``'s release at ``epsilon[i]`` in one vectorized call.
 That is what training a posterior over a range of epsilons needs (``SPPE(task, amortized=True,
 epsilon_range=(low, high))``). Such a batched mechanism is for drawing releases (``sample``, ``transform``);
-its densities and ``repr`` are not defined. :func:`at_epsilons` builds it for any mechanism, post-processed
-ones included, or refuses the family in one line (:func:`epsilon_range_problem`).
+its densities are not defined, and its ``repr`` shows the per-row values. :func:`at_epsilons` builds it for any
+mechanism, post-processed ones included, or refuses the family in one line (:func:`epsilon_range_problem`).
 """
 
 from __future__ import annotations

@@ -272,6 +272,7 @@ class Gaussian(AdditiveNoise, Mechanism):
         return s + self._sd(u) * torch.special.ndtri(u)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         return self.noise_log_prob(y - s).sum(-1)
 
     def max_log_prob(self, y: Tensor) -> Tensor:
@@ -288,6 +289,6 @@ class Gaussian(AdditiveNoise, Mechanism):
 
     def __repr__(self) -> str:
         return (
-            f"Gaussian(dim={self.dim}, epsilon={self.epsilon:g}, delta={self.delta:g}, "
-            f"sensitivity={show(self.sensitivity)}, sigma={show(self.sigma)}, mu={self.mu:g})"
+            f"Gaussian(dim={self.dim}, epsilon={show(self.epsilon)}, delta={show(self.delta)}, "
+            f"sensitivity={show(self.sensitivity)}, sigma={show(self.sigma)}, mu={show(self.mu)})"
         )

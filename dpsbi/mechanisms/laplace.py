@@ -104,6 +104,7 @@ class Laplace(AdditiveNoise, Mechanism):
         return s + self._b(noise) * noise
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         return self.noise_log_prob(y - s).sum(-1)
 
     def max_log_prob(self, y: Tensor) -> Tensor:
@@ -121,4 +122,4 @@ class Laplace(AdditiveNoise, Mechanism):
         )
 
     def __repr__(self) -> str:
-        return f"Laplace(dim={self.dim}, epsilon={self.epsilon:g}, sensitivity={show(self.sensitivity)}, scale={show(self.scale)})"
+        return f"Laplace(dim={self.dim}, epsilon={show(self.epsilon)}, sensitivity={show(self.sensitivity)}, scale={show(self.scale)})"

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .base import AdditiveNoise, IntractableLikelihood, Mechanism
+from .epsilon import at_epsilons
 
 #: Privacy levels a post-processed mechanism states as its inner mechanism does (``Task.validate`` reads them).
 _FORWARDED = ("target_epsilon", "mu", "rho")
@@ -379,6 +380,7 @@ class PostProcessed(Mechanism):
         return self.step(self.inner.transform(s, u), s)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         self._exact("log_prob")
         return self.step.log_prob(self.inner, y, s)
 
@@ -412,7 +414,9 @@ class PostProcessed(Mechanism):
 
     def with_epsilon(self, epsilon: float | Tensor) -> PostProcessed:
         """The same post-processing of the inner mechanism re-calibrated at ``epsilon`` (a number, or one per row
-        where the inner mechanism takes them: amortized fits over a range)."""
+        where the inner mechanism takes them: amortized fits over a range, :func:`~dpsbi.mechanisms.epsilon.at_epsilons`)."""
+        if torch.is_tensor(epsilon):  # a batched inner states a tensor epsilon, which __init__ would refuse
+            return at_epsilons(self, epsilon)
         return PostProcessed(self.inner.with_epsilon(epsilon), self.step)
 
     def __repr__(self) -> str:

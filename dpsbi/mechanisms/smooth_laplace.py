@@ -127,6 +127,7 @@ class SmoothSensitivityLaplace(Mechanism):
         return s[..., :1] + scale * self._unit.transform(torch.zeros_like(u), u)
 
     def log_prob(self, y: Tensor, s: Tensor) -> Tensor:
+        self._check_shapes(y, s)
         scale = s[..., 1:] / self.alpha
         return self._unit.log_prob((y - s[..., :1]) / scale, torch.zeros_like(scale)) - torch.log(scale).sum(
             -1

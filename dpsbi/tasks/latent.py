@@ -144,7 +144,7 @@ def record_log_prob(mechanism: Mechanism, y: Tensor, values: Tensor) -> Tensor:
         raise ValueError(
             f"a record-by-record release needs a per-coordinate mechanism {PER_COORDINATE}, got {mechanism!r}"
         )
-    return mechanism.log_prob(y[..., None], values[..., None])
+    return mechanism.coordinate_log_prob(y, values)  # elementwise: log_prob takes dim coordinates only
 
 
 def summary_model_of(task: Task, model: SummaryModel | None, method: str) -> SummaryModel:
