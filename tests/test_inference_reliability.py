@@ -111,8 +111,8 @@ def test_a_bad_release_is_refused_at_construction(y_obs, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(rounds=0), "rounds >= 1"),
-        (dict(sims_per_round=-5), "sims_per_round >= 2"),
+        (dict(rounds=0), "rounds must be an integer >= 1"),
+        (dict(sims_per_round=-5), "sims_per_round must be an integer >= 2"),
         (dict(inner_samples=3, qmc=True), "power of two"),
         (dict(flow=dict(hidden=0)), "hidden must be a positive integer"),
         (dict(atoms=101), "exceeds the batch size"),

@@ -347,7 +347,7 @@ def test_a_y_obs_outside_a_methods_training_releases_is_a_table_column_not_a_war
         (["method.flow.hidden=0"], "method 'sppe': .*hidden"),
         (
             ["companions=[naive_npe]", "+method_settings.naive_npe.num_simulations=1"],
-            "method 'naive_npe': .*num_simulations >= 2",
+            "method 'naive_npe': .*num_simulations must be an integer >= 2",
         ),
         (  # NaiveNPE trains one round: the sequential methods' keys point to num_simulations
             ["companions=[naive_npe]", "+method_settings.naive_npe.sims_per_round=100"],
