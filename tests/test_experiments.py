@@ -439,8 +439,10 @@ def test_the_paper_preset_is_the_python_paper_preset(method):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of cuda on a machine without one")
 def test_cuda_without_a_gpu_fails_at_start(tmp_path):
-    with pytest.raises(ConfigError, match="no CUDA device is visible"):
+    with pytest.raises(ConfigError, match="^trainer.accelerator=cuda but no CUDA device is visible"):
         run_experiment(config("trainer=cuda"), tmp_path / "run")
+    with pytest.raises(ConfigError, match="^trainer.accelerator=gpu but no CUDA"):  # named as the user wrote it
+        run_experiment(config("trainer=cuda", "trainer.accelerator=gpu"), tmp_path / "run")
 
 
 def test_unknown_task_group_lists_the_options():

@@ -171,7 +171,8 @@ def _trainer(cfg: DictConfig) -> tuple[dict, int | None]:
         raise ConfigError(f"unknown trainer keys {sorted(unknown)}; known: {', '.join(TRAINER_KEYS)}")
     if trainer.get("accelerator") in ("cuda", "gpu") and not torch.cuda.is_available():
         raise ConfigError(
-            "trainer.accelerator=cuda but no CUDA device is visible; use trainer=auto or trainer=cpu"
+            f"trainer.accelerator={trainer['accelerator']} but no CUDA device is visible; use trainer=auto or "
+            "trainer=cpu"
         )
     threads = trainer.get("threads")  # the process's threads, and the fits' (TrainingSettings.threads)
     if threads is not None and (not isinstance(threads, int) or threads < 1):
