@@ -124,6 +124,13 @@ def test_bad_settings_fail_at_construction(kwargs, match):
         dpsbi.SPPE(_task(), **{**TINY, "rounds": 2, **kwargs})
 
 
+def test_a_checkpoint_dir_that_is_no_path_is_named():
+    with pytest.raises(
+        TypeError, match=r"^checkpoint_dir must be a path \(a string or os.PathLike\), got 123$"
+    ):
+        dpsbi.SPPE(_task(), checkpoint_dir=123, **TINY)
+
+
 def test_numpy_float64_simulators_train_sppe_and_sple():
     """A numpy simulator returning float64 arrays (and seeding itself from the torch generator)."""
     base = _task()

@@ -30,7 +30,9 @@ RESUMABLE = ("rounds", "budget", "stop_when_stable")
 
 
 def path(directory: str | os.PathLike) -> Path:
-    """The checkpoint file of ``directory``."""
+    """The checkpoint file of ``directory``, or a ``TypeError`` unless it is a path (a string or ``os.PathLike``)."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_dir must be a path (a string or os.PathLike), got {directory!r}")
     return Path(directory) / FILE
 
 
