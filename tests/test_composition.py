@@ -165,6 +165,9 @@ def test_with_epsilon_splits_the_budget_in_the_same_proportions():
     # every block takes a tensor of epsilons now (the discrete Gaussian too), but a zCDP total is re-calibrated
     # by a root search, one value at a time
     assert "not all pure epsilon-DP" in zcdp.epsilon_range_problem and pure.epsilon_range_problem is None
+    # ... so a tensor of epsilons is refused there: its proportional split missed the total (3.02 for 3)
+    with pytest.raises(ValueError, match="cannot take a tensor of epsilons: its blocks are not all pure"):
+        zcdp.with_epsilon(torch.tensor([3.0]))
 
 
 def test_with_epsilon_refuses_a_bad_epsilon_before_the_root_search():

@@ -219,6 +219,9 @@ class Composition(Mechanism):
             if not callable(getattr(m, "with_epsilon", None)):
                 raise ValueError(f"Composition.with_epsilon: block {j} ({m!r}) cannot be re-calibrated")
         if torch.is_tensor(epsilon):
+            problem = self.epsilon_range_problem  # a proportional split misses the total of blocks not all pure
+            if problem:
+                raise ValueError(f"Composition.with_epsilon cannot take a tensor of epsilons: {problem}")
             epsilon = epsilons(epsilon)
             share = [nominal_epsilon(m) / self.epsilon for m in self.blocks]
             blocks = tuple(at_epsilons(m, epsilon * w) for m, w in zip(self.blocks, share))
