@@ -441,7 +441,8 @@ def test_the_paper_preset_is_the_python_paper_preset(method):
 def test_cuda_without_a_gpu_fails_at_start(tmp_path):
     with pytest.raises(ConfigError, match="^trainer.accelerator=cuda but no CUDA device is visible"):
         run_experiment(config("trainer=cuda"), tmp_path / "run")
-    with pytest.raises(ConfigError, match="^trainer.accelerator=gpu but no CUDA"):  # named as the user wrote it
+    # named as the user wrote it
+    with pytest.raises(ConfigError, match="^trainer.accelerator=gpu but no CUDA"):
         run_experiment(config("trainer=cuda", "trainer.accelerator=gpu"), tmp_path / "run")
 
 

@@ -219,7 +219,8 @@ class Composition(Mechanism):
             if not callable(getattr(m, "with_epsilon", None)):
                 raise ValueError(f"Composition.with_epsilon: block {j} ({m!r}) cannot be re-calibrated")
         if torch.is_tensor(epsilon):
-            problem = self.epsilon_range_problem  # a proportional split misses the total of blocks not all pure
+            # a proportional split misses the total of blocks that are not all pure
+            problem = self.epsilon_range_problem
             if problem:
                 raise ValueError(f"Composition.with_epsilon cannot take a tensor of epsilons: {problem}")
             epsilon = epsilons(epsilon)
