@@ -204,3 +204,17 @@ def test_a_seed_that_is_not_a_non_negative_integer_is_refused_before_any_simulat
             ValueError, match=r"^seed must be an integer from 0 to 2\*\*63 - 1, got .*; pass e\.g\. seed=0$"
         ):
             baseline(task, **budget, seed=seed, progress=False)
+
+
+def test_unweighted_resampling_spans_every_draw_and_refuses_bad_counts():
+    """An MCMC result's draws are chain after chain: n of them are spread over every chain, not the first n
+    (one chain's); a count that is not a whole number >= 1 is refused (-3 returned all but the last 3)."""
+    chains = torch.arange(10.0).reshape(2, 5, 1)  # two chains of five draws
+    result = BaselineResult(chains.reshape(-1, 1), num_simulations=10)
+    assert result.resample(4).flatten().tolist() == [0.0, 2.0, 5.0, 7.0]
+    assert torch.equal(result.resample(10), result.samples)
+    for count in (-3, 0, 2.5):
+        with pytest.raises(ValueError, match=rf"^num_samples must be an integer >= 1, got {count}$"):
+            result.resample(count)
+    with pytest.raises(ValueError, match="asked for 11 draws but the result holds 10"):
+        result.resample(11)
