@@ -272,3 +272,20 @@ def test_sple_matches_the_exact_private_posterior_in_one_round():
     torch.manual_seed(0)
     exact = task.exact_posterior(task.y_obs).sample((1000,))
     assert c2st(posterior.sample((1000,), seed=0), exact) <= 0.6
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("num_chains", 2.7, ValueError),
+        ("thin", 1.5, ValueError),
+        ("warmup", 0.5, ValueError),
+        ("num_chains", True, TypeError),
+        ("num_chains", "5", TypeError),
+        ("warmup", -1, ValueError),
+    ],
+)
+def test_mcmc_counts_are_whole_numbers_named_at_construction(field, value, error):
+    """num_chains=2.7 built an SPLE fit whose sampling failed after training; thin=1.5 and warmup=0.5 passed."""
+    with pytest.raises(error, match=rf"^mcmc {field} must be "):
+        MCMCSettings(**{field: value})

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import ess, rhat
+from ..mechanisms.base import check_integer
 from .settings import Settings
 
 METHODS = ("elliptical_slice", "slice_np_vectorized")
@@ -76,11 +77,9 @@ class MCMCSettings(Settings):
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown MCMC method {self.method!r}; available: {list(METHODS)}")
-        for name in ("num_chains", "thin", "init_candidates"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"mcmc {name} must be a positive integer, got {getattr(self, name)}")
-        if int(self.warmup) < 0:
-            raise ValueError(f"mcmc warmup must be >= 0, got {self.warmup}")
+        for name in ("num_chains", "thin", "init_candidates"):  # a count that is not whole is no count
+            check_integer(f"mcmc {name}", getattr(self, name))
+        check_integer("mcmc warmup", self.warmup, minimum=0)
 
 
 def resample_init(
