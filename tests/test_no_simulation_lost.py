@@ -71,6 +71,19 @@ def test_the_same_batch_appended_twice_is_added_once_with_a_warning():
     assert estimator.num_simulations == 100
 
 
+def test_overlapping_batches_add_each_simulation_once_with_a_warning():
+    """Rows 50-99 of the second batch were added a second time: only a batch held whole was recognized."""
+    estimator = dpsbi.SPPE(_task(), rounds=1, **TINY)
+    theta = estimator.propose(150, seed=0)
+    s = torch.as_tensor(_external(theta, 0))
+    estimator.append_simulations(theta[:100], s[:100])
+    with pytest.warns(UserWarning, match="^50 of these 100 simulations are already appended"):
+        estimator.append_simulations(theta[50:], s[50:])
+    assert torch.equal(estimator.pending[0], theta) and torch.equal(
+        estimator.pending[1], s.to(estimator.pending[1])
+    )
+
+
 @pytest.mark.parametrize("at", [(0, 3), (1, 3)])
 def test_a_round_interrupted_and_run_again_keeps_each_simulation_once(at):
     task = _task()

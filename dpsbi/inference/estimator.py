@@ -723,18 +723,21 @@ class SequentialEstimator(abc.ABC):
         prior for the first round, the current posterior at ``task.y_obs`` after. Returns ``self``, so that
         ``SPPE(task, rounds=1).append_simulations(theta, s).run()`` reads as in sbi. Calls add up: every
         call adds its rows to the next round, until it runs. Rows that are exactly rows already waiting for
-        the next round (a notebook cell run twice) are not added again, with a warning; rerunning a script
+        the next round (a notebook cell run twice, or batches that overlap) are not added again, with a warning; rerunning a script
         against a checkpoint that already holds these simulations does not add them twice either."""
         theta = self.task.check_theta(theta)
         s = self.task.check_summary(theta, s, "appended summaries have")
         if self.pending is not None:
             held = _held_rows(self.pending[0], theta)
-            if held.all():
+            if held.any():
                 warnings.warn(
-                    f"these {theta.shape[0]} simulations are already appended for the next round; not adding them twice",
+                    f"{int(held.sum())} of these {theta.shape[0]} simulations are already appended for the next "
+                    "round; not adding them twice",
                     stacklevel=2,
                 )
-                return self
+                if held.all():
+                    return self
+                theta, s = theta[~held], s[~held]
             theta, s = (
                 torch.cat([self.pending[0], theta]),
                 torch.cat([self.pending[1], s.to(self.pending[1])]),
