@@ -48,6 +48,21 @@ def test_the_default_table_release_and_privacy_level():
         census(age_groups=[5, 10])
 
 
+@pytest.mark.parametrize(
+    "population, error, message",
+    [
+        (2**53 + 1, ValueError, r"population must be at most 2\^53 \(counts are float64, exact up to it\)"),
+        (1000.5, ValueError, "population must be an integer >= 1, got 1000.5"),
+        (0, ValueError, "population must be an integer >= 1, got 0"),
+        ("1000", ValueError, "population must be a number"),
+    ],
+)
+def test_a_population_counts_cannot_hold_exactly_is_refused_in_one_line(population, error, message):
+    """2^53 + 1 simulated rounded totals, 2^60 failed mid-simulation with a message not naming the population."""
+    with pytest.raises(error, match=message):
+        dpsbi.tasks.load("census_table", population=population)
+
+
 def test_cell_probabilities_follow_the_age_profile_and_sex_ratio():
     edges = age_edges(None)
     log_p = cell_log_probs(torch.zeros(1, 3, dtype=torch.float64), edges)[0]

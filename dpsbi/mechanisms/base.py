@@ -77,11 +77,16 @@ def check_flag(name: str, value) -> bool:
 
 def check_integer(name: str, value, minimum: int = 1) -> int:
     """``value`` as an int, or an error naming ``name`` unless it is a whole number ``>= minimum`` (``2.0`` is
-    taken, ``2.7`` and ``"2"`` are not)."""
-    number = check_number(name, value)
-    if not math.isfinite(number) or number != math.floor(number) or number < minimum:
+    taken, ``2.7`` and ``"2"`` are not). An integer is taken as it is, not through a float (which rounds above
+    2^53)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    else:
+        number = check_number(name, value)
+        number = int(number) if math.isfinite(number) and number == math.floor(number) else None
+    if number is None or number < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(number)
+    return number
 
 
 #: The least noise scale a mechanism accepts where it computes in float32 (the narrowest dtype its releases are

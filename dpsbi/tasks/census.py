@@ -52,6 +52,7 @@ from torch import Tensor
 from torch.distributions import MultivariateNormal
 
 from ..mechanisms import DiscreteGaussian, PostProcessed, nonnegative
+from ..mechanisms.base import check_integer
 from . import register
 from .base import Task, observed_release
 
@@ -285,9 +286,11 @@ def make(
     Counts, summaries and releases are float64, exact at any population up to 2^53."""
     if epsilon is not None and rho is not None:
         raise ValueError("census_table takes epsilon (with delta) or rho, not both")
-    if int(population) != population or population < 1:
-        raise ValueError(f"population must be a positive integer, got {population}")
-    population = int(population)
+    population = check_integer("population", population)
+    if population > 2**53:  # float64 holds every count up to it, and not every one beyond
+        raise ValueError(
+            f"population must be at most 2^53 (counts are float64, exact up to it), got {population}"
+        )
     edges = age_edges(age_groups)
     cells = 2 * (len(edges) - 1)
     sensitivity = math.sqrt(2.0)  # bounded neighbours: one person moves from one cell to another
