@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -477,15 +478,17 @@ def _corrected(posterior, y: torch.Tensor | None, args) -> torch.Tensor:
     from .baselines.fitted_proposal import covariance_supported
 
     repeats = SIMULATIONS_PER_DRAW if args.simulations_per_draw is None else args.simulations_per_draw
-    result = corrected(
-        posterior,
-        args.correct,
-        y=y,
-        epsilon=args.epsilon,
-        simulations_per_draw=repeats,
-        seed=args.seed,
-        progress=False,
-    )
+    with warnings.catch_warnings():  # a collapse is said below, in dpsbi-sample's own warning line
+        warnings.filterwarnings("ignore", "corrected: the importance weights collapsed")
+        result = corrected(
+            posterior,
+            args.correct,
+            y=y,
+            epsilon=args.epsilon,
+            simulations_per_draw=repeats,
+            seed=args.seed,
+            progress=False,
+        )
     print(f"importance sampling: effective sample size {result.ess:.0f} of {args.correct} proposals")
     generator = torch.Generator().manual_seed(args.seed)
     if result.ess >= args.num_samples:

@@ -222,3 +222,18 @@ def test_the_second_stage_lives_on_the_prior_support_of_a_simplex_task():
     assert torch.isfinite(gaussian.log_prob(draws)).all()
     log_w = target.log_prob(draws).double() - gaussian.log_prob(draws)
     assert kish_ess(torch.softmax(log_w, 0)) > 0.75 * 20_000  # 0.83 at seed 0
+
+
+def test_a_correction_whose_weights_collapse_says_so(rough):
+    """At a release 40 prior sds out, the weights put everything on a draw or two: the result says so in a
+    warning (its ESS was the only sign), while a correction that works stays quiet."""
+    far = torch.tensor([[1e4, 1e4]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = corrected(rough, 500, y=far, epsilon=EPSILON, seed=0, progress=False)
+    collapsed = [str(w.message) for w in caught if "weights collapsed" in str(w.message)]
+    assert result.ess < 4 and len(collapsed) == 1
+    assert f"effective sample size {result.ess:.1f} of 500 draws" in collapsed[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        corrected(rough, 2000, y=RELEASE, epsilon=EPSILON, seed=0, progress=False)

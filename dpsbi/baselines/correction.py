@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import torch
 from torch import Tensor
@@ -156,8 +157,16 @@ def corrected(
     log_w = log_p - log_q
     log_w = torch.where(log_w.isnan(), -math.inf, log_w)
     weights = normalize(log_w, "corrected").to(theta.dtype)  # computed in float64
+    ess = kish_ess(weights)
+    if not covariance_supported(ess, task.dim_unconstrained):
+        warnings.warn(
+            f"corrected: the importance weights collapsed (effective sample size {ess:.1f} of {int(num_draws)} "
+            "draws): resampling repeats a few draws; the flow is far from the posterior at this release, or the "
+            "simulated likelihood too noisy (raise num_draws or simulations_per_draw)",
+            stacklevel=2,
+        )
     info = {
-        "ess": kish_ess(weights),
+        "ess": ess,
         "ess_first": ess_first,
         "adapted": bool(n_second and second is not None),
         "log_evidence": float(torch.logsumexp(log_w, 0)) - math.log(log_w.numel()),
