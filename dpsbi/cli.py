@@ -582,9 +582,6 @@ def compare(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dpsbi-compare", description=compare.__doc__)
     parser.add_argument("root", type=Path, help="a multirun directory (or any directory holding runs)")
     args = parser.parse_args(argv)
-    from .experiment import compare as compare_runs
+    from .experiment.comparison import compare_sweep
 
-    try:
-        compare_runs(args.root)
-    except FileNotFoundError as error:
-        raise SystemExit(f"dpsbi-compare: error: {error}") from None
+    compare_sweep(args.root, "dpsbi-compare")

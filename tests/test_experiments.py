@@ -543,7 +543,10 @@ def test_dpsbi_run_sweep_then_sample_and_compare(tmp_path, capsys):
     with pytest.raises(SystemExit, match="cannot be sampled at a new release"):
         cli.sample([str(rejection), "--release", "20"])
     (tmp_path / "multi" / "comparison.png").unlink()
-    cli.compare([str(tmp_path / "multi")])
+    with pytest.raises(
+        SystemExit, match=r"dpsbi-compare: 1 job\(s\) of the sweep could not run:\n  1_poisson_counts"
+    ):
+        cli.compare([str(tmp_path / "multi")])  # lists the mhaar point, as the sweep's end did
     assert (tmp_path / "multi" / "comparison.png").is_file() and "rejection_abc" in capsys.readouterr().out
 
 
@@ -578,3 +581,54 @@ def test_dpsbi_run_names_a_run_directory_it_cannot_write(tmp_path):
             .startswith(f"dpsbi-run: cannot write the run directory {target} (")
         )
         assert out.stderr.strip().endswith("choose a writable one with hydra.run.dir=...")
+
+
+def test_dpsbi_compare_skips_unreadable_summaries_by_name_and_lists_failed_runs(tmp_path, capsys):
+    """A summary.json that is not JSON, has no rows, or has rows of the wrong shape is skipped with one line naming
+    it and the problem (never a traceback, never a wrong row in the table); a run that left error.txt is listed
+    after the table and the exit status says so, as at the end of a sweep."""
+    row = {"task": "poisson_counts", "epsilon": 0.2, "method": "rejection_abc", "round": 1}
+    row |= {"num_simulations": 200, "wall_time": 0.1, "lmd": 2.3, "reference": "none"}
+    summaries = {
+        "0_good": json.dumps({"reference": {"kind": "none"}, "runs": [row]}),
+        "1_corrupt": "{bad",
+        "2_no_runs": '{"x": 1}',
+        "3_wrong_task": '{"runs": [{"task": 3}]}',
+        "4_no_wall_time": json.dumps({"runs": [{k: v for k, v in row.items() if k != "wall_time"}]}),
+        "5_text_metric": json.dumps({"runs": [{**row, "lmd": "2.3"}]}),
+    }
+    for name, text in summaries.items():
+        (tmp_path / "multi" / name).mkdir(parents=True)
+        (tmp_path / "multi" / name / "summary.json").write_text(text)
+    (tmp_path / "multi" / "6_failed").mkdir()
+    (tmp_path / "multi" / "6_failed" / "error.txt").write_text("dpsbi-run: config error: bad epsilon\n")
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.compare([str(tmp_path / "multi")])
+    assert (
+        exit_.value.code
+        == "dpsbi-compare: 1 job(s) of the sweep could not run:\n  6_failed: dpsbi-run: config error: bad epsilon"
+    )
+    out, err = capsys.readouterr()
+    skipped = [line for line in err.splitlines() if line.startswith("dpsbi-compare: skipped ")]
+    assert len(skipped) == 5 and len(err.splitlines()) == 5 and "Traceback" not in err, err
+    for line, problem in zip(
+        skipped,
+        [
+            "not JSON",
+            "no list of rows under 'runs'",
+            "runs[0].task is 3, not text",
+            "runs[0] has no 'wall_time'",
+        ]
+        + ['runs[0].lmd is "2.3", not a number or null'],
+    ):
+        assert problem in line and "summary.json" in line, line
+    assert [r["run"] for r in read_rows(tmp_path / "multi" / "comparison")] == ["0_good"]
+    assert "0_good" in out and "3_wrong_task" not in out and (tmp_path / "multi" / "comparison.png").is_file()
+
+    (tmp_path / "multi" / "0_good" / "summary.json").write_text("[]")  # no run left to compare: one line
+    (tmp_path / "multi" / "6_failed" / "error.txt").unlink()
+    with pytest.raises(
+        SystemExit, match=r"^dpsbi-compare: error: no finished runs \(summary.json\) below .*multi$"
+    ):
+        cli.compare([str(tmp_path / "multi")])
