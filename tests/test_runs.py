@@ -204,6 +204,12 @@ def test_a_finished_run_is_reported_not_recomputed_and_another_config_is_refused
         f"{run} holds a run of another config (method.num_samples: 200 vs 300; seed: 0 vs 1)"
     )
     assert "\n" not in str(refusal.value) and _snapshot(run) == before
+    # a damaged summary of the finished run is refused in one line (it was a JSONDecodeError traceback)
+    (run / "summary.json").write_text('{"runs": [{"task": 3}]')
+    with pytest.raises(ConfigError) as damaged:
+        run_experiment(config(*QUICK, *REJECTION), run)
+    assert str(damaged.value).startswith(f"{run / 'summary.json'} is damaged: not JSON")
+    assert "delete it to run this config again there" in str(damaged.value) and "\n" not in str(damaged.value)
 
 
 def test_a_sweep_rerun_skips_its_finished_points_and_runs_the_rest(tmp_path):

@@ -40,12 +40,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from .. import metrics
-from ..files import BusyError, atomic_save, atomic_write, atomic_write_text, exclusive
+from ..files import BusyError, atomic_save, atomic_write, atomic_write_text, exclusive, first_line
 from ..inference import checkpoint, load_posterior
 from ..inference.release_check import outside_training_caught
 from ..tasks import Task
 from ..tasks.identity import differences
 from . import config, methods
+from .comparison import read_summary
 from .outputs import (
     format_table,
     legend,
@@ -286,15 +287,19 @@ def _finished(out: Path, cfg: DictConfig) -> list[dict] | None:
         raise config.ConfigError(
             f"{out} holds a run of another config ({'; '.join(differ)}); use another directory, or the same settings to resume it"
         )
-    if not (out / "summary.json").is_file():
+    path = out / "summary.json"
+    if not path.is_file():
         return None
-    stored = read_json(out / "summary.json")
-    _print_summary(
-        stored["runs"],
-        stored["reference"]["note"],
-        f"{out}: already finished with this config; nothing recomputed",
-    )
-    return stored["runs"]
+    try:
+        runs = read_summary(path)
+        note = read_json(path)["reference"]["note"]
+    except (ValueError, KeyError, TypeError) as error:
+        problem = error if isinstance(error, ValueError) else f"no reference note ({first_line(error)})"
+        raise config.ConfigError(
+            f"{path} is damaged: {problem}; delete it to run this config again there, or use another directory"
+        ) from None
+    _print_summary(runs, note, f"{out}: already finished with this config; nothing recomputed")
+    return runs
 
 
 def run_experiment(
