@@ -177,6 +177,11 @@ def test_with_epsilon_refuses_a_bad_epsilon_before_the_root_search():
             zcdp.with_epsilon(bad)
     with pytest.raises(ValueError, match="got -1.0$"):  # the value given, not a block's share of it
         Composition([Laplace(1.0, 1.0), Laplace(1.0, 1.0)]).with_epsilon(-1.0)
+    # a total out of the blocks' reach names the total asked for, not only the share the search tried
+    with pytest.raises(
+        ValueError, match=r"^Composition.with_epsilon\(1e\+09\): its blocks cannot be re-calibrated"
+    ):
+        zcdp.with_epsilon(1e9)
 
 
 def test_log_prob_refuses_the_wrong_widths():

@@ -231,12 +231,20 @@ class Composition(Mechanism):
         first = epsilon / self.epsilon
         if self.delta == 0:
             return self._scaled(first)
-        log_c = brentq(
-            lambda x: math.log(self._scaled(math.exp(x)).epsilon / epsilon),
-            math.log(first) - 4,
-            math.log(first) + 4,
-            xtol=1e-12,
-        )
+        try:
+            log_c = brentq(
+                lambda x: math.log(self._scaled(math.exp(x)).epsilon / epsilon),
+                math.log(first) - 4,
+                math.log(first) + 4,
+                xtol=1e-12,
+            )
+        except (
+            ValueError
+        ) as error:  # a block out of its range at a factor the search tried: the values are its
+            raise ValueError(
+                f"Composition.with_epsilon({epsilon:g}): its blocks cannot be re-calibrated to a total of "
+                f"{epsilon:g} (a block, at a share the search tried: {error})"
+            ) from None
         return self._scaled(math.exp(log_c))
 
     def __repr__(self) -> str:
