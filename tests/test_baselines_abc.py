@@ -207,14 +207,16 @@ def test_a_seed_that_is_not_a_non_negative_integer_is_refused_before_any_simulat
 
 
 def test_unweighted_resampling_spans_every_draw_and_refuses_bad_counts():
-    """An MCMC result's draws are chain after chain: n of them are spread over every chain, not the first n
+    """An MCMC result's draws are chain after chain: n of them are a random subset of all, not the first n
     (one chain's); a count that is not a whole number >= 1 is refused (-3 returned all but the last 3)."""
-    chains = torch.arange(10.0).reshape(2, 5, 1)  # two chains of five draws
-    result = BaselineResult(chains.reshape(-1, 1), num_simulations=10)
-    assert result.resample(4).flatten().tolist() == [0.0, 2.0, 5.0, 7.0]
-    assert torch.equal(result.resample(10), result.samples)
+    chains = torch.arange(1000.0).reshape(2, 500, 1)  # two chains of 500 draws
+    result = BaselineResult(chains.reshape(-1, 1), num_simulations=1000)
+    draws = result.resample(100, torch.Generator().manual_seed(0)).flatten()
+    assert draws.unique().numel() == 100 and 30 <= int((draws >= 500).sum()) <= 70  # both chains, no repeats
+    assert torch.equal(draws, result.resample(100, torch.Generator().manual_seed(0)).flatten())
+    assert torch.equal(result.resample(1000).sort(0).values, result.samples)
     for count in (-3, 0, 2.5):
         with pytest.raises(ValueError, match=rf"^num_samples must be an integer >= 1, got {count}$"):
             result.resample(count)
-    with pytest.raises(ValueError, match="asked for 11 draws but the result holds 10"):
-        result.resample(11)
+    with pytest.raises(ValueError, match="asked for 1001 draws but the result holds 1000"):
+        result.resample(1001)

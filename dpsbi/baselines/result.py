@@ -28,19 +28,19 @@ class BaselineResult:
         return float(1.0 / (self.weights**2).sum())
 
     def resample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
-        """Unweighted draws ``(num_samples, dim_theta)``: multinomial resampling when weighted; else
-        ``num_samples`` of the draws evenly spaced over all of them (an MCMC result's draws are chain after chain:
-        the first ones would be one chain's), without ``generator``."""
+        """Unweighted draws ``(num_samples, dim_theta)``: multinomial resampling when weighted; else a random
+        subset without repeats, drawn from all chains alike (an MCMC result's draws are chain after chain: the
+        first ones would be one chain's)."""
         num_samples = check_integer("num_samples", num_samples)
         if self.weights is None:
             if num_samples > self.samples.shape[0]:
                 raise ValueError(
                     f"asked for {num_samples} draws but the result holds {self.samples.shape[0]}"
                 )
-            spaced = (
-                torch.arange(num_samples, device=self.samples.device) * self.samples.shape[0] // num_samples
+            index = torch.randperm(
+                self.samples.shape[0], generator=generator, device=generator.device if generator else None
             )
-            return self.samples[spaced]
+            return self.samples[index[:num_samples].to(self.samples.device)]
         idx = torch.multinomial(self.weights, num_samples, replacement=True, generator=generator)
         return self.samples[idx]
 

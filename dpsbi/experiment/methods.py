@@ -162,15 +162,9 @@ def get(name: str) -> Method:
 def baseline_draws(result, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
     """Unweighted draws ``(<= num_samples, dim_theta)`` of a :class:`BaselineResult`: multinomial resampling
     of weighted draws, a random subset (all chains alike) of unweighted ones."""
-    if result.weights is not None:
-        return result.resample(num_samples, generator)
-    samples = result.samples
-    if samples.shape[0] <= num_samples:
-        return samples
-    index = torch.randperm(
-        samples.shape[0], generator=generator, device=generator.device if generator else None
-    )
-    return samples[index[:num_samples].to(samples.device)]
+    if result.weights is None and result.samples.shape[0] <= num_samples:
+        return result.samples
+    return result.resample(num_samples, generator)
 
 
 def chain_summary(state: Any, num_samples: int, seed: int) -> dict[str, float | None]:
