@@ -44,13 +44,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one. The main
-# environment is the newest versions pyproject.toml allows (pip's choice on a fresh `make setup`); then the
-# version-sensitive tests again at the lowest versions and under ArviZ 1.x, the documentation site, and the
-# built wheel as a user installs it. The 15 slowest tests are listed at the end of the suite, to keep it within CI's
-# 15 minutes on two cores.
+# One pytest worker per core (pytest-xdist): two on CI's two cores, about half the time of one; an idle worker takes
+# queued tests from the other (--dist worksteal: the default's fixed shares left one idle for the last 80-120 s).
+# The main environment is the newest versions pyproject.toml allows (pip's choice on a fresh `make setup`); then the
+# version-sensitive tests again at the lowest versions and under ArviZ 1.x, the documentation site, and the built
+# wheel as a user installs it. The 15 slowest tests are listed at the end of the suite, to keep it within CI's 15
+# minutes on two cores.
 test: lint
-	$(PY) -m pytest -q -n auto --durations=15
+	$(PY) -m pytest -q -n auto --dist worksteal --durations=15
 	$(MAKE) test-lowest
 	$(MAKE) test-arviz1
 	$(MAKE) docs
@@ -67,7 +68,7 @@ $(LOWEST)/.installed: .ci/lowest.txt pyproject.toml
 	touch $@
 
 test-lowest: $(LOWEST)/.installed
-	$(LOWEST)/bin/python -m pytest -q -n auto $(LOWEST_TESTS)
+	$(LOWEST)/bin/python -m pytest -q -n auto --dist worksteal $(LOWEST_TESTS)
 
 # ArviZ 1.x needs Python >= 3.12 (pip's choice there) but runs on this one: installed without its
 # dependencies into $(ARVIZ1), first on PYTHONPATH, so that it shadows the main environment's ArviZ 0.x.
@@ -79,7 +80,7 @@ $(ARVIZ1)/.installed: .ci/arviz1.txt $(VENV)/.installed
 test-arviz1: $(ARVIZ1)/.installed
 	PYTHONPATH=$(abspath $(ARVIZ1))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -c \
 		"import arviz, sys; sys.exit(0 if arviz.__version__.startswith('1.') else f'ArviZ {arviz.__version__}, not 1.x')"
-	PYTHONPATH=$(abspath $(ARVIZ1))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -n auto $(ARVIZ1_TESTS)
+	PYTHONPATH=$(abspath $(ARVIZ1))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -n auto --dist worksteal $(ARVIZ1_TESTS)
 
 # The documentation site (mkdocs.yml): the pages of docs/ and the API reference rendered from the docstrings,
 # built into site/ with --strict (a missing page, link, anchor or documented name fails). Its tools (the docs
