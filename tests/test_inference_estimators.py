@@ -363,6 +363,7 @@ def test_a_checkpoint_of_version_2_which_counted_rounds_from_0_is_refused(tmp_pa
         (dict(training=dict(max_steps=20.5)), r"max_steps=20.5 \(an integer >= 1, or None\)$"),
         (dict(training=dict(batch_size=2.5)), r"batch_size=2.5 \(an integer >= 1, or None\)$"),
         (dict(training=dict(patience=True)), r"patience=True \(an integer >= 1\)$"),
+        (dict(training=dict(max_steps=20.0, lr_schedule="linear")), r"settings: lr_schedule='linear'"),
         (dict(seed=-1), r"seed must be an integer from 0 to 2\*\*63 - 1, got -1"),
         (dict(seed=1.5), r"seed must be an integer .*got 1\.5"),
         (dict(training=dict(lr_schedule="linear")), r"lr_schedule='linear'.*one of \('constant', 'cosine'\)"),

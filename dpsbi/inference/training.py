@@ -27,6 +27,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..mechanisms.base import check_integer
 from .seeding import derive_seed
 from .settings import Settings
 
@@ -135,6 +136,10 @@ class TrainingSettings(Settings):
     cuda_graph: bool | str = "auto"
 
     def __post_init__(self) -> None:
+        # a whole float (500.0) as an int, as the estimators take counts; what is no count fails the checks below
+        for name in ("batch_size", "patience", "max_epochs", "max_steps", "threads"):
+            with contextlib.suppress(TypeError, ValueError):
+                object.__setattr__(self, name, check_integer(name, getattr(self, name)))
         # each field's test and what it must be; bools are not numbers here, nor what equals one (1 for True)
         checks = {
             "batch_size": (_count(self.batch_size, optional=True), "an integer >= 1, or None"),
