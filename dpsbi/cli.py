@@ -199,7 +199,7 @@ def _release_array(values, where: str) -> np.ndarray:
     elif isinstance(values, np.ndarray):
         if values.dtype.kind not in "iuf":
             raise ValueError(f"{where} holds an array of {values.dtype}, not numbers; {RELEASE_FILE_HOLDS}")
-    elif not _numbers(values):
+    elif not _only_numbers(values):
         raise ValueError(f"{where} holds {_described(values)}, not a release; {RELEASE_FILE_HOLDS}")
     try:
         array = np.asarray(values, dtype=np.float64)
@@ -214,10 +214,10 @@ def _release_array(values, where: str) -> np.ndarray:
     return array.reshape(-1)
 
 
-def _numbers(values) -> bool:
+def _only_numbers(values) -> bool:
     """Whether ``values`` is a number or (nested) lists of numbers; ``True``/``False`` are not numbers."""
     if isinstance(values, (list, tuple)):
-        return all(_numbers(v) for v in values)
+        return all(_only_numbers(v) for v in values)
     return isinstance(values, (int, float)) and not isinstance(values, bool)
 
 

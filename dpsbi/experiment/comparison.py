@@ -38,10 +38,10 @@ _IS = {
 }
 
 
-def read_summary(path: str | Path) -> list[dict]:
-    """The final rows of a run's ``summary.json`` at ``path`` (written by dpsbi-run); ``ValueError`` saying what
-    is wrong when the file cannot be read or its rows lack a field of :data:`ROW_FIELDS` or have one of another
-    type, so that no wrong row enters a comparison."""
+def read_summary(path: str | Path) -> dict:
+    """A run's ``summary.json`` at ``path`` (written by dpsbi-run), its final rows under ``"runs"``; ``ValueError``
+    saying what is wrong when the file cannot be read or its rows lack a field of :data:`ROW_FIELDS` or have one of
+    another type, so that no wrong row enters a comparison."""
     try:
         stored = json.loads(Path(path).read_text())
     except OSError as error:
@@ -60,7 +60,7 @@ def read_summary(path: str | Path) -> list[dict]:
                     raise ValueError(f"runs[{i}] has no {field!r}")
             elif not _IS[kind](row[field]):
                 raise ValueError(f"runs[{i}].{field} is {json.dumps(row[field])[:40]}, not {kind}")
-    return runs
+    return stored
 
 
 def collect(root: str | Path) -> list[dict]:
@@ -69,7 +69,7 @@ def collect(root: str | Path) -> list[dict]:
     rows = []
     for path in sorted(Path(root).rglob("summary.json")):
         try:
-            runs = read_summary(path)
+            runs = read_summary(path)["runs"]
         except ValueError as error:
             print(f"dpsbi-compare: skipped {path}: {error}", file=sys.stderr)
             continue

@@ -51,7 +51,6 @@ from .outputs import (
     format_table,
     legend,
     read_draws,
-    read_json,
     read_rows,
     write_draws,
     write_json,
@@ -291,8 +290,8 @@ def _finished(out: Path, cfg: DictConfig) -> list[dict] | None:
     if not path.is_file():
         return None
     try:
-        runs = read_summary(path)
-        note = read_json(path)["reference"]["note"]
+        stored = read_summary(path)
+        runs, note = stored["runs"], stored["reference"]["note"]
     except (ValueError, KeyError, TypeError) as error:
         problem = error if isinstance(error, ValueError) else f"no reference note ({first_line(error)})"
         raise config.ConfigError(

@@ -291,7 +291,7 @@ class SequentialEstimator(abc.ABC):
         if self.stop_when_stable is not None:
             self._check_stop_rule(task)
         self.task, self.space = task, ParameterSpace(task)
-        self.rounds, self.sims_per_round = int(rounds), int(sims_per_round)
+        self.rounds, self.sims_per_round = rounds, sims_per_round
         chosen = {
             "batch_size": self.default_batch_size(self.amortized, self.sims_per_round),
             "weight_decay": self.default_weight_decay(self.amortized),

@@ -779,8 +779,8 @@ def _at_release(task: Task, recorded: Tensor, path, given: bool) -> Task:
     same = task.y_obs is not None and torch.equal(task.y_obs, recorded.to(task.y_obs.dtype))
     if given and task.y_obs is not None and not same:
         warnings.warn(
-            f"{path} was trained at the release y_obs = {_numbers(recorded)}, not the given task's "
-            f"{_numbers(task.y_obs)}: the loaded posterior samples at the file's release unless given y= (the task "
+            f"{path} was trained at the release y_obs = {_release_text(recorded)}, not the given task's "
+            f"{_release_text(task.y_obs)}: the loaded posterior samples at the file's release unless given y= (the task "
             "passed in is left as it was)",
             stacklevel=3,
         )
@@ -791,7 +791,7 @@ def _at_release(task: Task, recorded: Tensor, path, given: bool) -> Task:
     return copied
 
 
-def _numbers(release: Tensor) -> str:
+def _release_text(release: Tensor) -> str:
     """A release ``(1, d)`` as ``[v1, v2, ...]``, each to 6 significant digits."""
     return "[" + ", ".join(f"{v:.6g}" for v in release.flatten().tolist()) + "]"
 
